@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
@@ -76,8 +77,8 @@ class LLM:
             for i, (prompt, params, lora) in enumerate(zip(prompts, params_list, loras, strict=True)):
                 token_ids, salt = self._tokenize(prompt)
                 request_ids.append(str(next(self._ids)))
-                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt, lora_request=lora,
-                                   priority=0 if priority is None else priority[i])
+                engine.add_request(EngineRequest(request_ids[-1], token_ids, params, cache_salt=salt, lora_request=lora,
+                                                 priority=0 if priority is None else priority[i]))
         except Exception:
             engine.abort_request(request_ids)
             engine.step()  # collect the abort outputs

@@ -32,6 +32,7 @@ from kvmesh.replica.engine.commands import (
     ResetPrefixCache,
     refused,
 )
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.engine_thread import EngineThread
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers
 
     from kvmesh.events.config import PublisherConfig
-    from kvmesh.replica.engine.remote_kv import RemoteKV
     from kvmesh.replica.executor.factory import ExecutorOptions
     from kvmesh.replica.kv_transfer.agent import KVTransferAgent
     from kvmesh.replica.kv_transfer.leases import Lease
@@ -97,22 +97,23 @@ class AsyncLLM:
 
     # -- caller side (any thread / event loop) -----------------------------------------------------
 
-    async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, cache_salt: str | None = None,
-                       lora_request: LoRARequest | None = None, priority: int = 0,
-                       remote_kv: RemoteKV | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs until its final one (``lora_request``: its adapter; ``remote_kv``: its
-        ``kv_transfer_params``). Raises ValueError for invalid input (a non-zero ``priority`` under "fcfs" among it)."""
+    async def generate(self, prompt: EngineRequest | list[int], sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until its final one. ``prompt``: the whole request (engine_request.py),
+        carried unchanged to the scheduler; or token ids, then sampled with ``sampling_params`` (vLLM's
+        ``AsyncLLM.generate`` takes either). Raises ValueError for invalid input."""
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
-        request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
+        request = prompt if isinstance(prompt, EngineRequest) else EngineRequest(
+            request_id if request_id is not None else f"async-{next(self._ids)}", prompt,
+            sampling_params if sampling_params is not None else SamplingParams())
+        request_id = request.request_id
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; use a unique id per request")
         out_queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted, lora_request,
-                                priority, remote_kv))
+        self._submit(AddRequest(request, accepted))
         try:
             await asyncio.wrap_future(accepted)
         except BaseException:

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.serving.lora_request import LoRARequest
-from kvmesh.replica.serving.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # named for type checkers only: the engine loads no transfer code until a pull is asked
-    from kvmesh.replica.engine.remote_kv import RemoteKV
+    from kvmesh.replica.engine.engine_request import EngineRequest
     from kvmesh.replica.kv_transfer.agent import KVTransferAgent
     from kvmesh.replica.kv_transfer.leases import Lease
 
@@ -55,22 +54,10 @@ def refused(future: concurrent.futures.Future) -> bool:
 class AddRequest:
     """Queue a request (``LLMEngine.add_request``); ``accepted`` resolves once it is queued or refused."""
 
-    request_id: str
-    """The engine's id of the request (unique among unfinished ones)."""
-    prompt_token_ids: list[int]
-    """The prompt, as token ids."""
-    sampling_params: SamplingParams | None
-    """How to sample and stop (None: ``SamplingParams()``)."""
-    cache_salt: str | None
-    """Tenant isolation: requests with different salts share no cached blocks."""
+    request: EngineRequest
+    """The request, carried unchanged to ``LLMEngine.add_request``."""
     accepted: concurrent.futures.Future[None]
     """Set to None when the request is queued, or to the ValueError that refused it."""
-    lora_request: LoRARequest | None = None
-    """The LoRA adapter it runs with (None: the base model)."""
-    priority: int = 0
-    """Lower runs first under the "priority" scheduling policy (vLLM's request ``priority``)."""
-    remote_kv: RemoteKV | None = None
-    """A pull before it runs, a lease at its finish (engine/remote_kv.py)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,14 +117,12 @@ class EngineThread:
 
     def _add_request(self, command: AddRequest) -> None:
         try:
-            self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
-                                    cache_salt=command.cache_salt, lora_request=command.lora_request,
-                                    priority=command.priority, remote_kv=command.remote_kv)
+            self.engine.add_request(command.request)
         except BaseException as e:
             refuse(command.accepted, e)
         else:
             if not answer(command.accepted, None):  # its caller gave up before it was accepted
-                self.engine.abort_request(command.request_id)
+                self.engine.abort_request(command.request.request_id)
 
     def _lora_command(self, command: AddLoRA | RemoveLoRA) -> None:
         try:

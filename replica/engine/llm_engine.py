@@ -22,7 +22,8 @@ from kvmesh.replica.engine.kv_connectors import KVConnectors
 from kvmesh.replica.engine.loras import EngineLoRAs
 from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor
-from kvmesh.replica.engine.request import Request, RequestStatus, check_priority, validate_request_input
+from kvmesh.replica.engine.request import Request, RequestStatus
+from kvmesh.replica.engine.request_checks import check_request
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
@@ -32,7 +33,6 @@ from kvmesh.replica.executor.factory import local_draft_model
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
-from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.spec_decode.drafting import accept_drafts, make_drafter
 from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
@@ -40,7 +40,7 @@ from kvmesh.replica.step.scheduler_output import SchedulerOutput
 if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
     from kvmesh.replica.engine.async_scheduling import LaunchedStep
-    from kvmesh.replica.engine.remote_kv import RemoteKV
+    from kvmesh.replica.engine.engine_request import EngineRequest
 
 logger = logging.getLogger(__name__)
 C = TypeVar("C")
@@ -86,9 +86,8 @@ class LLMEngine:
         context = KVConnectorContext(config, self.kv_cache_manager, model_runner)
         factories = [OffloadConnector] if self.kv_cache_manager.offload is not None else []
         factories += default_kv_connectors() if kv_connectors is None else kv_connectors
-        self.kv_connectors = KVConnectors([make(context) for make in factories])
-        """Called in this order at every point of the seam (kv_connector.py): the engine thread's loop (AsyncLLM) polls
-        them between steps and reads their ``/load`` fields; the scheduler asks them for remote KV."""
+        # in this order at every point of the seam (kv_connector.py): the engine thread polls them between steps
+        self.kv_connectors = KVConnectors([make(context) for make in factories])  # and reads their /load fields
         self.scheduler.connector = self.kv_connectors
         self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
@@ -108,30 +107,11 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                    cache_salt: str | None = None, arrival_time: float | None = None,
-                    lora_request: LoRARequest | None = None, priority: int = 0, remote_kv: RemoteKV | None = None) -> None:
-        """Queue a request (``lora_request``: the adapter it runs with, registered on first use; ``priority``: lower
-        runs first under ``scheduling_policy="priority"``, non-zero refused under "fcfs" as vLLM; ``remote_kv``: its
-        ``kv_transfer_params``, a pull before it runs, a lease at its finish). Raises ValueError (and queues nothing)
-        when the input is invalid."""
-        params = SamplingParams() if sampling_params is None else sampling_params
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-        if request_id in self.scheduler.requests:
-            raise ValueError(f"request id {request_id!r} is already in use; use a unique id per request")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise ValueError(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
-        check_priority(priority, self.config.scheduling_policy)
-        validate_request_input(
-            prompt_token_ids, params, max_model_len=self.max_model_len, vocab_size=self.vocab_size,
-            block_size=self.config.block_size, num_usable_blocks=self.num_kv_blocks - 1,
-            has_tokenizer=self.tokenizer is not None)
-        if params.structured_outputs is not None:
-            self.structured_output.check(params.structured_outputs, len(prompt_token_ids))  # errors name the field
-        request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
-                          arrival_time=arrival_time, lora_request=self.loras.resolve(lora_request),
-                          priority=priority, remote_kv=remote_kv)
+    def add_request(self, engine_request: EngineRequest) -> None:
+        """Queue ``engine_request``, held unchanged by its ``Request``; ValueError (nothing queued) for bad input."""
+        check_request(engine_request, self)
+        params = engine_request.sampling_params
+        request = Request(engine_request, self.eos_token_ids, self.loras.resolve(engine_request.lora_request))
         self.output_processor.add_request(request, params)
         self._stats.num_prompt_tokens += request.num_prompt_tokens
         if params.structured_outputs is not None:
@@ -281,12 +261,10 @@ class LLMEngine:
 
     def _publish_events(self) -> None:
         """Send the KV events of this step as one batch (none are sent for a step without events)."""
-        if not self._step_events:
-            return
-        events = list(self._step_events)
-        self._step_events.clear()
-        if self.event_publisher is not None:
-            self.event_publisher.publish(events)
+        if self._step_events:
+            events, self._step_events[:] = list(self._step_events), []
+            if self.event_publisher is not None:
+                self.event_publisher.publish(events)
 
     def get_stats(self) -> EngineStats:
         """The live stats object, its gauges refreshed (counters and histograms are cumulative)."""

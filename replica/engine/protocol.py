@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from kvmesh.replica.engine.remote_kv import RemoteKV
+    from kvmesh.replica.engine.engine_request import EngineRequest
     from kvmesh.replica.engine.stats import EngineStats
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.lora_request import LoRARequest
@@ -29,12 +29,10 @@ class EngineClient(Protocol):
     draining: bool
     """Set by a graceful shutdown: new requests are refused (503)."""
 
-    def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None, cache_salt: str | None = None,
-                 lora_request: LoRARequest | None = None, priority: int = 0,
-                 remote_kv: RemoteKV | None = None) -> AsyncIterator[RequestOutput]:
-        """Streams the request's ``RequestOutput``s (``lora_request``: the LoRA adapter it runs with; ``remote_kv``:
-        its ``kv_transfer_params``, a pull before it runs, a lease at its finish); the first ``__anext__`` raises
+    def generate(self, prompt: EngineRequest | list[int], sampling_params: SamplingParams | None = None,
+                 request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Streams the request's ``RequestOutput``s (``prompt``: the whole request, engine_request.py, carried
+        unchanged to the scheduler; or token ids sampled with ``sampling_params``); the first ``__anext__`` raises
         ValueError for bad input (a non-zero ``priority`` under the "fcfs" scheduling policy among it)."""
         ...
 

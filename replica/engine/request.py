@@ -7,11 +7,10 @@ import time
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.lora_request import LoRARequest
-from kvmesh.replica.serving.sampling_params import SamplingParams, context_overflow
-from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
 
 if TYPE_CHECKING:
-    from kvmesh.replica.engine.remote_kv import PullResult, RemoteKV
+    from kvmesh.replica.engine.engine_request import EngineRequest
+    from kvmesh.replica.engine.remote_kv import PullResult
 
 
 class RequestStatus(enum.IntEnum):
@@ -52,7 +51,7 @@ class Request:
     """
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "lora_identity", "lora_request", "eos_token_ids",
+        "engine_request", "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "lora_identity", "lora_request", "eos_token_ids",
         "stop_token_ids",
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "num_host_cached_tokens", "status",
         "stop_reason", "error", "error_param", "num_preemptions", "arrival_time", "first_scheduled_time",
@@ -61,29 +60,23 @@ class Request:
         "remote_kv", "kv_pull", "spec_token_ids",
     )
 
-    def __init__(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        sampling_params: SamplingParams,
-        eos_token_ids: frozenset[int] = frozenset(),
-        cache_salt: str | None = None,
-        lora_name: str | None = None,
-        arrival_time: float | None = None,
-        lora_request: LoRARequest | None = None,
-        priority: int = 0,
-        remote_kv: RemoteKV | None = None,
-    ) -> None:
-        self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
+    def __init__(self, engine_request: EngineRequest, eos_token_ids: frozenset[int] = frozenset(),
+                 lora_request: LoRARequest | None = None) -> None:
+        """``engine_request``: what its caller asked, held unchanged; ``lora_request``: its adapter as registered
+        here (None: the one it names)."""
+        self.engine_request = engine_request
+        sampling_params = engine_request.sampling_params
+        self.request_id = engine_request.request_id
+        self.prompt_token_ids = list(engine_request.prompt_token_ids)
         self.sampling_params = sampling_params
-        self.cache_salt = cache_salt
+        self.cache_salt = engine_request.cache_salt
+        lora_request = engine_request.lora_request if lora_request is None else lora_request
         self.lora_request = lora_request  # the adapter it runs with (None: the base model)
-        self.lora_name = lora_request.lora_name if lora_request is not None else lora_name  # keys its blocks
+        self.lora_name = lora_request.lora_name if lora_request is not None else None  # keys its blocks
         self.lora_identity = lora_request.identity if lora_request is not None else None  # ... with its weights'
         self.eos_token_ids = frozenset() if sampling_params.ignore_eos else eos_token_ids
         self.stop_token_ids = self.eos_token_ids | frozenset(sampling_params.stop_token_ids)  # any ends it
-        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.all_token_ids: list[int] = list(engine_request.prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []  # the block table, kept in step with the KV cache manager's
@@ -94,8 +87,8 @@ class Request:
         self.error: str | None = None
         self.error_param: str | None = None  # the request field that made the engine fail it (None: the engine's fault)
         self.num_preemptions = 0
-        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
-        self.priority = priority  # lower runs first under the "priority" scheduling policy (vLLM's)
+        self.arrival_time = time.monotonic() if engine_request.arrival_time is None else engine_request.arrival_time
+        self.priority = engine_request.priority  # lower runs first under the "priority" scheduling policy (vLLM's)
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
@@ -105,7 +98,7 @@ class Request:
         self.num_output_placeholders = 0
         self.spec_token_ids: list[int] | None = None  # drafts scheduled this step (spec_decode/); None: never looked
         self.structured_output = None  # its grammar and matcher (engine/structured_output.py); None: unconstrained
-        self.remote_kv = remote_kv  # its kv_transfer_params: a pull before it runs, a lease at its finish (None: neither)
+        self.remote_kv = engine_request.remote_kv  # its kv_transfer_params: a pull before it runs, a lease at its finish (None: neither)
         self.kv_pull: PullResult | None = None  # how its pull went, once it ended (kv_transfers.py)
         # A request asking prompt logprobs needs the logits of every prompt position: it computes its whole
         # prompt instead of reading the prefix cache (vLLM's rule); it still writes the cache for others.
@@ -157,52 +150,3 @@ class Request:
         return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
                 f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")
 
-
-def validate_request_input(
-    prompt_token_ids: list[int],
-    params: SamplingParams,
-    *,
-    max_model_len: int,
-    vocab_size: int,
-    block_size: int,
-    num_usable_blocks: int,
-    has_tokenizer: bool,
-) -> None:
-    """Raise ValueError saying what is wrong with a request before it is queued (validate at the edge)."""
-    if not isinstance(params, SamplingParams):
-        raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-    try:
-        params.validate()
-    except TypeError as e:
-        raise ValueError(f"invalid sampling parameters: {e}") from None
-    n = len(prompt_token_ids)
-    if n == 0:
-        raise ValueError("prompt is empty; send at least one token")
-    for pos, tok in enumerate(prompt_token_ids):
-        if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
-            raise ValueError(f"prompt token {tok!r} at position {pos} is outside the vocabulary "
-                             f"[0, {vocab_size}); send token ids of this model's tokenizer")
-    if (overflow := context_overflow(n, params.max_tokens, max_model_len)) is not None:
-        raise ValueError(f"{overflow} Shorten the {'prompt' if n >= max_model_len else 'prompt or max_tokens'}.")
-    needed = n + params.max_tokens
-    num_blocks = -(-needed // block_size)
-    if num_blocks > num_usable_blocks:
-        raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "
-                         f"{num_usable_blocks}; shorten it or give the replica more KV cache memory")
-    for name, token_ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or []),
-                            ("stop_token_ids", params.stop_token_ids or [])):  # min_tokens bans stop ids: in range
-        if (bad := next((t for t in token_ids if t >= vocab_size), None)) is not None:
-            raise SamplingParamsError(name, f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
-    if params.stop and not has_tokenizer:
-        raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
-
-
-def check_priority(priority: object, scheduling_policy: str) -> None:
-    """Raise ValueError for a priority this engine cannot honour (vLLM's rule: non-zero needs the "priority"
-    scheduling policy)."""
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise ValueError(f"priority must be an integer, got {priority!r}")
-    if priority != 0 and scheduling_policy != "priority":
-        raise ValueError(f"got priority {priority} but priority scheduling is not enabled on this replica "
-                         f"(scheduling_policy={scheduling_policy!r}); send priority 0, or start the replica with "
-                         "--scheduling-policy priority")

@@ -27,6 +27,7 @@ from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.replica.openai.router_booking import router_booking
 from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_request, parallel_sampling
+from kvmesh.replica.server.engine_requests import engine_requests
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
@@ -98,13 +99,9 @@ class OpenAIHandlers:
             except SamplingParamsError as e:
                 raise ProtocolError(str(e), param=e.param) from None
         request_id = responses.random_id("chatcmpl" if isinstance(req, ChatCompletionRequest) else "cmpl")
-        best_of = req.best_of if isinstance(req, CompletionRequest) else None
-        candidates = parallel_sampling.plan_candidates(request_id, prompts, params, req.n, best_of,
-                                        params[0].logprobs is not None, req.stream)
-        kv = kv_request.engine_params(self.state, req, prompts, http)  # a pull before it runs, a lease at its end
+        candidates, kv = engine_requests(self.state, http, req, request_id, prompts, params)
         try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
-            streams = await kv_request.start_or_leave(parallel_sampling.start_all(  # aborts them
-                client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority, kv),
+            streams = await kv_request.start_or_leave(parallel_sampling.start_all(client, candidates),  # aborts them
                 _wait_disconnect(http) if constraints or (kv is not None and kv.remote is not None) else None)
             kv_headers = {**await kv_request.pull_headers(req, kv, streams),  **await compile_seconds.compile_headers(streams, bool(constraints))}
             if isinstance(req, CompletionRequest) and req.prompt_only:
@@ -262,7 +259,7 @@ class OpenAIHandlers:
                 text_offsets[i] += sum(map(len, logprobs["tokens"]))
             chunk = responses.CompletionChunk(
                 id=request_id, created=created, model=model,
-                prompt_token_ids=candidates[i].prompt_token_ids if first_ids[i] else None,
+                prompt_token_ids=candidates[i].request.prompt_token_ids if first_ids[i] else None,
                 choices=[responses.CompletionChoice(index=parallel_sampling.choice_index(candidates[i], req.n), text=text,
                                             logprobs=logprobs, finish_reason=out.finish_reason,
                                             token_ids=out.new_token_ids if ids else None)],
@@ -289,7 +286,7 @@ class OpenAIHandlers:
 
         for c in candidates:
             yield chunk(parallel_sampling.choice_index(c, req.n), responses.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
-                        first_ids=c.prompt_token_ids if ids else None)
+                        first_ids=c.request.prompt_token_ids if ids else None)
         readers = chat_answer.streams(req, self.state.frontend, len(candidates))
         async for i, out in parallel_sampling.merge_streams(stream_list, req.stream_interval):
             check_failed(out, stream=True)

@@ -15,15 +15,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+import msgspec
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.protocol import EngineClient
-from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
-
-if TYPE_CHECKING:
-    from kvmesh.replica.engine.remote_kv import RemoteKV
 
 Outputs = AsyncIterator[RequestOutput]
 """One engine request's outputs, its final one last."""
@@ -33,26 +30,27 @@ Outputs = AsyncIterator[RequestOutput]
 class Candidate:
     """One engine request behind a choice."""
 
-    request_id: str
-    """The engine request's id: the OpenAI request's id + "-{prompt_index * per_prompt + sample_index}"."""
+    request: EngineRequest
+    """The engine request: its id is the OpenAI request's id + "-{prompt_index * per_prompt + sample_index}"."""
     prompt_index: int
     """Which prompt of the request's batch it samples."""
     sample_index: int
     """j in 0 .. best_of - 1 among its prompt's candidates."""
-    prompt_token_ids: list[int]
-    """The prompt's token ids."""
-    params: SamplingParams
-    """The engine's SamplingParams for this candidate."""
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
 
 
-def plan_candidates(request_id: str, prompts: list[list[int]], params: list[SamplingParams], num_choices: int,
+def plan_candidates(first: EngineRequest, prompts: list[list[int]], params: list[SamplingParams], num_choices: int,
                     best_of: int | None, user_wants_logprobs: bool, stream: bool = False) -> list[Candidate]:
-    """Candidates for ``prompts`` (``params[i]`` belongs to prompt i), prompt by prompt, sample 0 first.
+    """Candidates for ``prompts`` (``params[i]`` belongs to prompt i), prompt by prompt, sample 0 first: copies of
+    ``first`` (the request's own fields, prompt 0 and ``params[0]``; its ``remote_kv`` goes with the first only).
     When streaming, every candidate computes its own prompt logprobs (each choice echoes its prompt
     in its first chunk, before candidate 0 may have finished its prefill)."""
     per_prompt = max(best_of or num_choices, num_choices)
     if len(prompts) == 1 and per_prompt == 1:
-        return [Candidate(request_id, 0, 0, prompts[0], params[0])]
+        return [Candidate(first, 0, 0)]
     candidates = []
     for i, (prompt, base) in enumerate(zip(prompts, params, strict=True)):
         for j in range(per_prompt):
@@ -64,7 +62,10 @@ def plan_candidates(request_id: str, prompts: list[list[int]], params: list[Samp
                     prompt_logprobs=base.prompt_logprobs if j == 0 or stream else None,
                     # ranking best_of candidates needs their tokens' logprobs
                     logprobs=0 if per_prompt > num_choices and base.logprobs is None else base.logprobs)
-            candidates.append(Candidate(f"{request_id}-{i * per_prompt + j}", i, j, prompt, sp))
+            request = msgspec.structs.replace(first, request_id=f"{first.request_id}-{i * per_prompt + j}",
+                                              prompt_token_ids=prompt, sampling_params=sp,
+                                              remote_kv=first.remote_kv if i == j == 0 else None)
+            candidates.append(Candidate(request, i, j))
     return candidates
 
 
@@ -95,22 +96,13 @@ def prompt_logprobs_of(candidates: list[Candidate], finals: list[RequestOutput])
             if c.sample_index == 0 and f.prompt_logprobs is not None}
 
 
-async def start_all(client: EngineClient, candidates: list[Candidate], cache_salt: str | None,
-                    lora_request: LoRARequest | None = None, priority: int = 0,
-                    remote_kv: RemoteKV | None = None) -> list[Outputs]:
-    """Queue every candidate (in order; ``remote_kv``, its ``kv_transfer_params``, go with the first) and wait for each one's first
-    output; if one is refused, abort the others and raise its error (a ValueError is a 400 before any byte is
-    sent). A lone candidate is started in this task (no gather), so its engine call runs under the request's own
-    stack."""
+async def start_all(client: EngineClient, candidates: list[Candidate]) -> list[Outputs]:
+    """Queue every candidate's request (in order) and wait for each one's first output; if one is refused, abort
+    the others and raise its error (a ValueError is a 400 before any byte is sent). A lone candidate is started in
+    this task (no gather), so its engine call runs under the request's own stack."""
     if len(candidates) == 1:
-        c = candidates[0]
-        return [await start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request,
-                                       priority, remote_kv)]
-    results = await asyncio.gather(
-        *(start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request, priority,
-                           remote_kv if i == 0 else None)
-          for i, c in enumerate(candidates)),
-        return_exceptions=True)
+        return [await start_generation(client, candidates[0].request)]
+    results = await asyncio.gather(*(start_generation(client, c.request) for c in candidates), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         for r in results:
@@ -120,9 +112,7 @@ async def start_all(client: EngineClient, candidates: list[Candidate], cache_sal
     return results
 
 
-async def start_generation(client: EngineClient, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                           cache_salt: str | None, lora_request: LoRARequest | None = None,
-                           priority: int = 0, remote_kv: RemoteKV | None = None) -> Outputs:
+async def start_generation(client: EngineClient, request: EngineRequest) -> Outputs:
     """Queues the request and waits for its first output; returns the stream of all its outputs.
 
     So bad input raises ValueError (a 400) before any byte is sent, and a draining or broken
@@ -131,9 +121,7 @@ async def start_generation(client: EngineClient, request_id: str, prompt_ids: li
     reason = client.dead_reason()
     if reason is not None:
         raise RuntimeError(f"replica cannot take requests: {reason}")
-    agen = client.generate(prompt_ids, params, request_id=request_id, cache_salt=cache_salt,
-                           lora_request=lora_request, priority=priority,
-                           **({"remote_kv": remote_kv} if remote_kv is not None else {}))
+    agen = client.generate(request)
     try:
         first = await agen.__anext__()
     except BaseException:

@@ -26,6 +26,7 @@ import sys
 from collections import Counter
 
 import torch
+from kvmesh.replica.engine.engine_request import EngineRequest
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ALLOCATIONS = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
@@ -132,7 +133,7 @@ def engine(path: str, batch: int):
     llm = LLMEngine(config)
     force_triton(llm.model_runner.model, True)
     for i in range(batch):
-        llm.add_request(f"r{i}", PROMPT[: 4 + i % 8], SamplingParams(temperature=0.0, max_tokens=8))
+        llm.add_request(EngineRequest(f"r{i}", PROMPT[: 4 + i % 8], SamplingParams(temperature=0.0, max_tokens=8)))
     llm.step()  # the prefills; every request has sampled its first token
     return llm
 
@@ -165,11 +166,11 @@ def cached_prefix_launches(path: str, static: bool) -> tuple[StepLaunches, list]
         run = runner.static_decode.prefill.run
         runner.static_decode.prefill.run = lambda size, sampling=None: staged.append(size) or run(size, sampling)
     prefix = (PROMPT * 3)[:32]
-    llm.add_request("fill", prefix + [7], SamplingParams(temperature=0.0, max_tokens=1))
+    llm.add_request(EngineRequest("fill", prefix + [7], SamplingParams(temperature=0.0, max_tokens=1)))
     while llm.has_unfinished_requests():
         llm.step()
     staged.clear()
-    llm.add_request("hit", prefix + [9, 8, 7, 6, 5], SamplingParams(temperature=0.0, max_tokens=1))
+    llm.add_request(EngineRequest("hit", prefix + [9, 8, 7, 6, 5], SamplingParams(temperature=0.0, max_tokens=1)))
     with StepLaunches(runner) as launches:
         outputs = llm.step()
     assert len(outputs) == 1 and len(outputs[0].new_token_ids) == 1, outputs

@@ -14,6 +14,7 @@ import pytest
 import torch
 from kvmesh.replica.attention.backend import available_backends, get_attn_backend
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.graphs.cuda_graph import supports_static_decode
@@ -80,7 +81,7 @@ def run(engine: LLMEngine, prompts: list[dict[str, list[int]]], lengths: dict[st
         static.run = counting_static
     for i, wave in enumerate(prompts):
         for rid, prompt in wave.items():
-            engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True))
+            engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True)))
         for _ in range(steps_between_waves if i + 1 < len(prompts) else 1 << 30):
             if not engine.has_unfinished_requests():
                 break

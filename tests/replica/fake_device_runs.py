@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvmesh.replica.engine.engine_request import EngineRequest
+
 HERE = Path(__file__).resolve().parent
 PROMPT = [1, 403, 407, 261, 378, 445, 263, 265, 281, 398, 284, 425, 264, 383, 270, 449, 262, 312, 289]
 LONG = PROMPT * 3  # 57 tokens: three full blocks of 16 that a second request finds in the prefix cache
@@ -76,7 +78,7 @@ def _run(engine, dev, requests, later) -> tuple[dict, list]:
 
     def add(reqs):
         for rid, (prompt, params) in reqs.items():
-            engine.add_request(rid, prompt, SamplingParams(**params))
+            engine.add_request(EngineRequest(rid, prompt, SamplingParams(**params)))
 
     add(requests)
     tokens = {rid: [] for rid in [*requests, *(later or {})]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
@@ -35,7 +36,7 @@ def generate(eng: LLMEngine, params: dict[str, SamplingParams], abort_after: dic
     seen, result, outputs = {}, {}, 0
     for rid, sp in params.items():
         if rid not in (late or {}):
-            eng.add_request(rid, PROMPTS[rid], sp)
+            eng.add_request(EngineRequest(rid, PROMPTS[rid], sp))
     pending = dict(late or {})
     while eng.has_unfinished_requests() or pending:
         for out in eng.step():
@@ -47,7 +48,7 @@ def generate(eng: LLMEngine, params: dict[str, SamplingParams], abort_after: dic
                 eng.abort_request(out.request_id)
         for rid, after in list(pending.items()):
             if outputs >= after:
-                eng.add_request(rid, PROMPTS[rid], params[rid])
+                eng.add_request(EngineRequest(rid, PROMPTS[rid], params[rid]))
                 del pending[rid]
     return result
 
@@ -103,11 +104,11 @@ def test_an_id_reused_right_after_its_abort_does_not_get_the_old_requests_token(
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = generate(engine(stories_path, False), {"b": params})["b"][0]
     eng = engine(stories_path, True)
-    eng.add_request("x", PROMPTS["a"], params)
+    eng.add_request(EngineRequest("x", PROMPTS["a"], params))
     eng.step()
     eng.step()  # "x" has a token in flight now
     eng.abort_request("x")
-    eng.add_request("x", PROMPTS["b"], params)
+    eng.add_request(EngineRequest("x", PROMPTS["b"], params))
     tokens = []
     while eng.has_unfinished_requests():
         tokens += [t for out in eng.step() if out.request_id == "x" for t in out.new_token_ids]

@@ -15,6 +15,7 @@ import threading
 import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_llm import AsyncLLM
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.remote_kv import RemoteKV
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -72,8 +73,8 @@ async def first_output(llm, request_id, prompt=(1, 2, 3)):
 
 
 async def generate_one(llm, n: int, prompt=(7, 8, 9), remote_kv=None):
-    async for out in llm.generate(list(prompt), SamplingParams(temperature=0.0, max_tokens=4),
-                                  request_id=f"gen-{n}", remote_kv=remote_kv):
+    async for out in llm.generate(EngineRequest(f"gen-{n}", list(prompt), SamplingParams(temperature=0.0, max_tokens=4),
+                                                remote_kv=remote_kv)):
         if out.finished:
             return out
 

@@ -10,6 +10,7 @@ import random
 
 import pytest
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
@@ -25,7 +26,7 @@ def make_engine(num_blocks=256, block_size=4, **kw) -> LLMEngine:
 def run_all(engine: LLMEngine, prompts: dict[str, list[int]], max_tokens: int | dict[str, int]) -> dict:
     for rid, prompt in prompts.items():
         n = max_tokens[rid] if isinstance(max_tokens, dict) else max_tokens
-        engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n))
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n)))
     finals = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -95,8 +96,8 @@ def test_64_mixed_requests_on_a_small_pool_finish_by_preemption(caching):
 def test_abort_frees_the_requests_blocks():
     engine = make_engine(num_blocks=64)
     free_before = engine.kv_cache_manager.block_pool.get_num_free_blocks()
-    engine.add_request("a", list(range(1, 30)), SamplingParams(max_tokens=50))
-    engine.add_request("b", list(range(40, 50)), SamplingParams(max_tokens=50))
+    engine.add_request(EngineRequest("a", list(range(1, 30)), SamplingParams(max_tokens=50)))
+    engine.add_request(EngineRequest("b", list(range(40, 50)), SamplingParams(max_tokens=50)))
     engine.step()
     engine.step()
     assert engine.kv_cache_manager.usage > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvmesh.events.config import PublisherConfig
 from kvmesh.events.schema import BlockRemoved, BlockStored
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
@@ -31,7 +32,7 @@ def make_engine(publisher, num_blocks=16):
 
 
 def run(engine, rid, prompt, n=2):
-    engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n))
+    engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n)))
     steps = 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -95,7 +96,7 @@ def test_a_reset_while_a_request_runs_frees_only_unheld_blocks_and_publishes_at_
     pub = RecordingPublisher()
     engine = make_engine(pub, num_blocks=32)
     run(engine, "done", list(range(200, 212)), n=1)  # 3 cached blocks nobody holds
-    engine.add_request("running", list(range(1, 13)), SamplingParams(temperature=0.0, max_tokens=8))
+    engine.add_request(EngineRequest("running", list(range(1, 13)), SamplingParams(temperature=0.0, max_tokens=8)))
     engine.step()  # prefilled: its 3 blocks are cached and held
     published = len(pub.batches)
     assert engine.reset_unreferenced() == 3

@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 
 from kvmesh.events.schema import BlockRemoved, BlockStored  # noqa: E402
 from kvmesh.replica.config import EngineConfig  # noqa: E402
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
@@ -35,7 +36,7 @@ def make_engine(stories_path, offload: str | None, **kw) -> tuple[LLMEngine, Rec
 
 
 def generate(engine: LLMEngine, request_id: str, prompt: list[int], max_tokens: int = 16):
-    engine.add_request(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    engine.add_request(EngineRequest(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
     while True:
         for out in engine.step():
             if out.request_id == request_id and out.finished:

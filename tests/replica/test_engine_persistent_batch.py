@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
@@ -44,8 +45,8 @@ def test_rows_mirror_the_requests_and_greedy_tokens_match_runs_alone(stories_pat
     seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=24, ignore_eos=True)
     busy = engine(stories_path, num_kv_blocks=30, max_num_batched_tokens=32)  # 29 blocks of 4: preemption
     for rid, (prompt, n) in requests.items():
-        busy.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-    busy.add_request("seeded", [1, 403, 407, 261, 378], seeded)
+        busy.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
+    busy.add_request(EngineRequest("seeded", [1, 403, 407, 261, 378], seeded))
     finals, checked = {}, 0
     while busy.has_unfinished_requests():
         for out in busy.step():
@@ -54,14 +55,14 @@ def test_rows_mirror_the_requests_and_greedy_tokens_match_runs_alone(stories_pat
         checked += check_rows_mirror_requests(busy)
     assert busy.stats.num_preemptions > 0 and checked > 100
     alone = engine(stories_path)
-    alone.add_request("seeded", [1, 403, 407, 261, 378], seeded)
+    alone.add_request(EngineRequest("seeded", [1, 403, 407, 261, 378], seeded))
     while alone.has_unfinished_requests():
         for out in alone.step():
             if out.finished:  # a seeded row's draws depend on its own seed and position only
                 assert out.output_token_ids == finals["seeded"]
     for rid, (prompt, n) in requests.items():
         alone = engine(stories_path)
-        alone.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        alone.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
         while alone.has_unfinished_requests():
             for out in alone.step():
                 if out.finished:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.stats import Histogram
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -22,7 +23,7 @@ def drain(engine):
 
 def test_gauges_follow_the_queues_and_the_cache():
     engine = make_engine()
-    engine.add_request("a", list(range(1, 20)), SamplingParams(max_tokens=5))
+    engine.add_request(EngineRequest("a", list(range(1, 20)), SamplingParams(max_tokens=5)))
     assert engine.stats.num_waiting == 1 and engine.stats.num_running == 0
     engine.step()
     stats = engine.stats
@@ -34,9 +35,9 @@ def test_gauges_follow_the_queues_and_the_cache():
 def test_prefix_cache_queries_and_hits_are_counted_in_tokens():
     engine = make_engine()
     prompt = list(range(1, 18))
-    engine.add_request("a", prompt, SamplingParams(max_tokens=1))
+    engine.add_request(EngineRequest("a", prompt, SamplingParams(max_tokens=1)))
     drain(engine)
-    engine.add_request("b", prompt, SamplingParams(max_tokens=1))
+    engine.add_request(EngineRequest("b", prompt, SamplingParams(max_tokens=1)))
     drain(engine)
     stats = engine.stats
     assert stats.prefix_cache_queries == 2 * len(prompt)
@@ -45,8 +46,8 @@ def test_prefix_cache_queries_and_hits_are_counted_in_tokens():
 
 def test_ttft_tpot_tokens_and_finish_reasons_are_recorded():
     engine = make_engine()
-    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4))
-    engine.add_request("b", [4, 5], SamplingParams(max_tokens=10))
+    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(max_tokens=4)))
+    engine.add_request(EngineRequest("b", [4, 5], SamplingParams(max_tokens=10)))
     engine.step()
     engine.abort_request("b")
     drain(engine)
@@ -59,7 +60,7 @@ def test_ttft_tpot_tokens_and_finish_reasons_are_recorded():
 def test_preemptions_are_counted():
     engine = make_engine(num_blocks=9)
     for i in range(3):
-        engine.add_request(f"r{i}", [i + 1] * 10, SamplingParams(max_tokens=12))
+        engine.add_request(EngineRequest(f"r{i}", [i + 1] * 10, SamplingParams(max_tokens=12)))
     drain(engine)
     assert engine.stats.num_preemptions > 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
@@ -17,7 +18,7 @@ def make_engine(eos=()) -> LLMEngine:
 
 
 def generate(engine: LLMEngine, params: SamplingParams):
-    engine.add_request("r", PROMPT, params)
+    engine.add_request(EngineRequest("r", PROMPT, params))
     outs = []
     while engine.has_unfinished_requests():
         outs += engine.step()
@@ -60,7 +61,7 @@ def test_min_tokens_defers_eos_and_stop_tokens():
 
 def test_every_step_streams_one_new_token():
     engine = make_engine()
-    engine.add_request("r", PROMPT, SamplingParams(temperature=0.0, max_tokens=4))
+    engine.add_request(EngineRequest("r", PROMPT, SamplingParams(temperature=0.0, max_tokens=4)))
     streamed = []
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
@@ -14,7 +15,7 @@ def engine() -> LLMEngine:
     runner = FakeModelRunner(num_kv_blocks=600, block_size=16, vocab_size=1000, max_model_len=4096)
     config = EngineConfig(model="fake", hash_seed=b"seed", debug_check_integrity=True)
     eng = LLMEngine(config, model_runner=runner, skip_tokenizer_init=True)
-    eng.add_request("good", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=5))
+    eng.add_request(EngineRequest("good", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=5)))
     return eng
 
 
@@ -29,7 +30,7 @@ def assert_rejected(engine: LLMEngine, match: str, **kw) -> None:
     args = {"request_id": "bad", "prompt_token_ids": [1, 2, 3], "sampling_params": SamplingParams(max_tokens=4)}
     args.update(kw)
     with pytest.raises(ValueError, match=match):
-        engine.add_request(**args)
+        engine.add_request(EngineRequest(**args))
     finals = finish(engine)
     assert "bad" not in finals
     assert finals["good"].finish_reason == "length" and len(finals["good"].output_token_ids) == 5
@@ -79,7 +80,7 @@ def test_request_bigger_than_the_whole_kv_cache():
     runner = FakeModelRunner(num_kv_blocks=5, block_size=16, max_model_len=4096)
     engine = LLMEngine(EngineConfig(model="fake", hash_seed=b"s"), model_runner=runner, skip_tokenizer_init=True)
     with pytest.raises(ValueError, match="needs 5 KV blocks .* holds only 4"):
-        engine.add_request("big", [1] * 70, SamplingParams(max_tokens=2))
+        engine.add_request(EngineRequest("big", [1] * 70, SamplingParams(max_tokens=2)))
 
 
 def test_stop_strings_need_a_tokenizer(engine):
@@ -88,10 +89,10 @@ def test_stop_strings_need_a_tokenizer(engine):
 
 def test_runner_failure_fails_only_the_scheduled_requests(engine):
     engine.model_runner.fail_on.add("doomed")
-    engine.add_request("doomed", [7, 8], SamplingParams(max_tokens=3))
+    engine.add_request(EngineRequest("doomed", [7, 8], SamplingParams(max_tokens=3)))
     outs = {o.request_id: o for o in engine.step()}
     assert outs["doomed"].finish_reason == "error" and "injected failure" in outs["doomed"].error
     engine.model_runner.fail_on.clear()
-    engine.add_request("later", [9], SamplingParams(temperature=0.0, max_tokens=2))
+    engine.add_request(EngineRequest("later", [9], SamplingParams(temperature=0.0, max_tokens=2)))
     finals = finish(engine)
     assert finals["later"].finish_reason == "length"

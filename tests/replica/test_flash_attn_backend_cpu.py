@@ -18,6 +18,7 @@ from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.flash_attn_backend import PAGED_BLOCK_MULTIPLE
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
@@ -105,7 +106,7 @@ def run(config: EngineConfig, prompts: dict[str, list[int]], max_tokens: int) ->
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     finals = {}
     for rid, prompt in prompts.items():  # two waves, so the second finds the first's blocks cached
-        engine.add_request(rid, prompt, params)
+        engine.add_request(EngineRequest(rid, prompt, params))
         if rid.endswith("-hit"):
             while engine.has_unfinished_requests():
                 for out in engine.step():

@@ -16,6 +16,7 @@ import pytest
 from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_llm import AsyncLLM
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker import model_runner
@@ -97,7 +98,7 @@ def test_the_engine_thread_sets_its_device_and_captures_the_graphs_it_replays(fl
     runner = engine.model_runner
     prompt, params = [5, 9, 13, 17, 21], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     eager = LLMEngine(engine.config, skip_tokenizer_init=True)
-    eager.add_request("a", prompt, params)
+    eager.add_request(EngineRequest("a", prompt, params))
     expected = []
     while eager.has_unfinished_requests():
         expected += [t for out in eager.step() for t in out.new_token_ids]
@@ -121,7 +122,7 @@ def test_the_engine_thread_sets_its_device_and_captures_the_graphs_it_replays(fl
 def test_a_step_on_a_new_thread_binds_that_thread(flash_reference, stories_path):
     """A plain ``LLMEngine`` stepped from the caller's thread captures there, on its first step."""
     engine, captures = graphed_engine(stories_path)
-    engine.add_request("a", [5, 9, 13], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    engine.add_request(EngineRequest("a", [5, 9, 13], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)))
     while engine.has_unfinished_requests():
         engine.step()
     assert [name for name, _ in captures] == [threading.current_thread().name]

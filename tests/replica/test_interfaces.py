@@ -12,6 +12,7 @@ from kvmesh.cluster.measure.sim.replica import SimRequest
 from kvmesh.kvcache.interfaces import CacheRequest, TokenRequest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_llm import AsyncLLM
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.protocol import EngineClient
 from kvmesh.replica.engine.request import Request
@@ -25,7 +26,7 @@ from kvmesh.replica.worker.tp_worker import RunnerFacts
 
 @pytest.mark.parametrize("request_", [
     TokenRequest("a", [1, 2, 3]),
-    Request("b", [1, 2, 3], SamplingParams(max_tokens=1)),
+    Request(EngineRequest("b", [1, 2, 3], SamplingParams(max_tokens=1))),
     SimRequest("c", 0.0, (1,), 16, 1),
 ], ids=["TokenRequest", "engine Request", "SimRequest"])
 def test_every_request_kind_is_a_cache_request(request_):

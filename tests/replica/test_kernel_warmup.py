@@ -14,6 +14,7 @@ import random
 import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -51,7 +52,7 @@ def serve(engine: LLMEngine) -> dict[str, list[int]]:
     shared = [rng.randrange(3, 512) for _ in range(17)]
     prompts = {"a": shared + [5], "b": shared + [7, 8, 9], "c": [rng.randrange(3, 512) for _ in range(30)]}
     for i, (rid, prompt) in enumerate(prompts.items()):
-        engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True))
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True)))
         engine.step()
     while engine.has_unfinished_requests():
         engine.step()
@@ -60,7 +61,7 @@ def serve(engine: LLMEngine) -> dict[str, list[int]]:
 
 
 def alone(engine: LLMEngine, prompt: list[int]) -> None:
-    engine.add_request("alone", prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    engine.add_request(EngineRequest("alone", prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)))
     while engine.has_unfinished_requests():
         engine.step()
 

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from kvmesh.replica.engine.engine_request import EngineRequest  # noqa: E402
 from kvmesh.replica.llm import LLM  # noqa: E402
 from kvmesh.replica.sample.logprobs import gather_logprobs  # noqa: E402
 from kvmesh.replica.sample.sampler import Sampler, build_sampling_metadata  # noqa: E402
@@ -74,8 +75,8 @@ def test_a_runner_without_logprobs_fails_the_request_that_asked_instead_of_dropp
 
     engine = LLMEngine(EngineConfig(model="fake", load_format="dummy"), model_runner=FakeModelRunner(),
                        skip_tokenizer_init=True)
-    engine.add_request("plain", [1, 2, 3], SamplingParams(max_tokens=2))
-    engine.add_request("asks", [1, 2, 3], SamplingParams(max_tokens=2, logprobs=1))
+    engine.add_request(EngineRequest("plain", [1, 2, 3], SamplingParams(max_tokens=2)))
+    engine.add_request(EngineRequest("asks", [1, 2, 3], SamplingParams(max_tokens=2, logprobs=1)))
     finals = {}
     while engine.has_unfinished_requests():
         finals.update({o.request_id: o for o in engine.step() if o.finished})

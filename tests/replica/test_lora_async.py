@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_llm import AsyncLLM
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -29,7 +30,7 @@ async def test_async_llm_adds_serves_reports_and_removes_an_adapter():
         assert await llm.add_lora(A) and not await llm.add_lora(A)
         assert llm.list_loras() == [A]
         params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-        stream = llm.generate([1, 2, 3], params, request_id="r", lora_request=A)
+        stream = llm.generate(EngineRequest("r", [1, 2, 3], params, lora_request=A))
         await stream.__anext__()
         lora = llm.load_report().lora
         assert (lora.enabled, lora.max_loras, lora.max_lora_rank, lora.adapters, lora.active) == (
@@ -47,7 +48,7 @@ async def test_without_enable_lora_an_adapter_is_refused_with_the_reason():
         with pytest.raises(ValueError, match="enable_lora"):
             await llm.add_lora(A)
         with pytest.raises(ValueError, match="enable_lora"):
-            await asyncio.wait_for(llm.generate([1, 2], lora_request=A).__anext__(), 5)
+            await asyncio.wait_for(llm.generate(EngineRequest("r", [1, 2], lora_request=A)).__anext__(), 5)
         assert not llm.load_report().lora.enabled
     finally:
         llm.shutdown()
@@ -58,7 +59,7 @@ def test_a_request_of_one_adapter_too_many_waits_in_place_while_later_ones_go():
     engine = fake_engine(enable_lora=True, max_loras=1)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for rid, lora in (("a", A), ("b", B), ("base", None)):
-        engine.add_request(rid, [1, 2, 3], params, lora_request=lora)
+        engine.add_request(EngineRequest(rid, [1, 2, 3], params, lora_request=lora))
     first_step, finished = None, []
     while engine.has_unfinished_requests():
         outs = engine.step()

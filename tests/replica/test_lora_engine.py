@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from kvmesh.replica.config import EngineConfig  # noqa: E402
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.serving.lora_request import LoRARequest  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
@@ -47,7 +48,7 @@ def run_all(engine: LLMEngine, adapters, rounds: int = 1) -> dict:
     for r in range(rounds):
         for lora in adapters:
             for p, prompt in enumerate(PROMPTS):
-                engine.add_request(f"{lora and lora.lora_name}-{p}-{r}", prompt, GREEDY, lora_request=lora)
+                engine.add_request(EngineRequest(f"{lora and lora.lora_name}-{p}-{r}", prompt, GREEDY, lora_request=lora))
                 n += 1
     for _ in range(2000):
         for out in engine.step():
@@ -124,7 +125,7 @@ def test_adapters_registered_at_start_and_removed(stories_path, adapters):
     with pytest.raises(ValueError, match="remove it first"):
         engine.add_lora(LoRARequest("a1", a1.lora_int_id, named["a2"]))
     with pytest.raises(ValueError, match="is registered as"):
-        engine.add_request("x", PROMPTS[0], GREEDY, lora_request=LoRARequest("a1", a1.lora_int_id, "/elsewhere"))
+        engine.add_request(EngineRequest("x", PROMPTS[0], GREEDY, lora_request=LoRARequest("a1", a1.lora_int_id, "/elsewhere")))
     assert engine.remove_lora("a1") and not engine.remove_lora("a1")
     assert "a1" not in engine.loras.load([]).adapters
 
@@ -141,7 +142,7 @@ def test_the_triton_kernels_in_an_engine_step_equal_transformers_and_peft(storie
     a1 = next(lora for lora in adapters if lora is not None)
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=0)
     for lora in (a1, None):
-        engine.add_request(str(lora), PROMPTS[1], params, lora_request=lora)
+        engine.add_request(EngineRequest(str(lora), PROMPTS[1], params, lora_request=lora))
     finals = {}
     while len(finals) < 2:
         finals.update({out.request_id: out for out in engine.step() if out.finished})

@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from kvmesh.kvcache.hashing import RequestBlockHasher, make_none_hash  # noqa: E402
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.lora.peft_config import LoRAError  # noqa: E402
 from kvmesh.replica.serving.lora_request import LoRARequest  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
@@ -36,7 +37,7 @@ def weights(stories_path, tmp_path_factory):
 
 
 def run(engine, request_id: str, lora: LoRARequest | None):
-    engine.add_request(request_id, PROMPT, GREEDY, lora_request=lora)
+    engine.add_request(EngineRequest(request_id, PROMPT, GREEDY, lora_request=lora))
     for _ in range(200):
         for out in engine.step():
             if out.finished and out.request_id == request_id:

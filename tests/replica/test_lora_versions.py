@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.serving.lora_request import LoRARequest  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
@@ -45,7 +46,7 @@ def weights(stories_path, tmp_path_factory):
 def run(engine, requests: dict, steps: int = 400) -> dict[str, list[int]]:
     """Add ``requests`` (id -> (prompt, adapter)) and step until they end; each one's output tokens."""
     for rid, (prompt, lora) in requests.items():
-        engine.add_request(rid, prompt, GREEDY, lora_request=lora)
+        engine.add_request(EngineRequest(rid, prompt, GREEDY, lora_request=lora))
     return finish(engine, set(requests), steps)
 
 
@@ -80,7 +81,7 @@ def test_each_request_keeps_the_version_it_started_with(stories_path, weights, t
     engine.add_lora(old)
     finals: dict[str, list[int]] = {}
     for p, prompt in enumerate(PROMPTS):  # old-version requests, started a few steps apart
-        engine.add_request(f"old-{p}", prompt, GREEDY, lora_request=old)
+        engine.add_request(EngineRequest(f"old-{p}", prompt, GREEDY, lora_request=old))
         advance(engine, 3, finals)
     assert not finals  # all still running
     assert engine.remove_lora("x")
@@ -92,7 +93,7 @@ def test_each_request_keeps_the_version_it_started_with(stories_path, weights, t
         new = LoRARequest("x", 1, str(own))  # name, id and path as before: only the files changed
     assert engine.add_lora(new)
     for p, prompt in enumerate(PROMPTS):
-        engine.add_request(f"new-{p}", prompt, GREEDY, lora_request=new)
+        engine.add_request(EngineRequest(f"new-{p}", prompt, GREEDY, lora_request=new))
         advance(engine, 2, finals)
     ids = {f"{v}-{p}" for v in ("old", "new") for p in range(len(PROMPTS))}
     finish(engine, ids, finals=finals)
@@ -108,12 +109,12 @@ def test_a_name_reloaded_twice_while_both_older_versions_run(stories_path, weigh
     v1, v2, v3 = (LoRARequest("x", i, str(root / d)) for i, d in ((1, "old"), (2, "new"), (3, "old")))
     engine.add_lora(v1)
     finals: dict[str, list[int]] = {}
-    engine.add_request("v1", PROMPTS[0], GREEDY, lora_request=v1)
+    engine.add_request(EngineRequest("v1", PROMPTS[0], GREEDY, lora_request=v1))
     advance(engine, 4, finals)
     for rid, lora in (("v2", v2), ("v3", v3)):
         engine.remove_lora("x")
         engine.add_lora(lora)
-        engine.add_request(rid, PROMPTS[0], GREEDY, lora_request=lora)
+        engine.add_request(EngineRequest(rid, PROMPTS[0], GREEDY, lora_request=lora))
         advance(engine, 4, finals)
     finish(engine, {"v1", "v2", "v3"}, finals=finals)
     assert finals["v1"] == finals["v3"] == texts["old"][0] and finals["v2"] == texts["new"][0]

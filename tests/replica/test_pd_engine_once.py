@@ -17,6 +17,7 @@ import http.server
 import json
 import threading
 
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.remote_kv import PullResult, RemoteBlocks, RemoteKV
 from kvmesh.replica.engine.request import RequestStatus
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -32,9 +33,9 @@ def _count_engine_calls(llm, monkeypatch) -> tuple[list, list[str]]:
     calls, commands = [], []
     generate, submit = llm.generate, llm._submit
 
-    def counted_generate(*args, **kwargs):
-        calls.append(kwargs.get("remote_kv"))
-        return generate(*args, **kwargs)
+    def counted_generate(request, *args, **kwargs):
+        calls.append(request.remote_kv)
+        return generate(request, *args, **kwargs)
 
     def counted_submit(command):
         commands.append(type(command).__name__)
@@ -96,7 +97,7 @@ async def test_a_request_cancelled_while_its_blocks_are_read_frees_them_and_the_
                                   request_id="running")
         await anext(running)
         waiting = asyncio.ensure_future(
-            _collect(puller.generate(PROMPT, GREEDY, request_id="pd", remote_kv=RemoteKV(source))))
+            _collect(puller.generate(EngineRequest("pd", PROMPT, GREEDY, remote_kv=RemoteKV(source)))))
         await _until(lambda: agent.transfers, "the read's start")
         assert puller.engine.scheduler.requests["pd"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
         assert len(puller.kv_transfers.held_blocks()) == 6  # the read's blocks, held by the connector

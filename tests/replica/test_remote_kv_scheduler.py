@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.remote_kv import PullResult, RemoteKV
 from kvmesh.replica.engine.request import RequestStatus
@@ -49,8 +50,8 @@ def _finals(engine: LLMEngine, steps: int) -> dict:
 
 def test_a_request_keeps_its_place_while_the_peer_is_asked_and_computes_the_prompt_when_refused():
     engine, peer = _engine(), _Peer()
-    engine.add_request("pd", PROMPT, THREE, remote_kv=RemoteKV(remote=peer))
-    engine.add_request("other", [7, 8, 9], THREE)
+    engine.add_request(EngineRequest("pd", PROMPT, THREE, remote_kv=RemoteKV(remote=peer)))
+    engine.add_request(EngineRequest("other", [7, 8, 9], THREE))
     finals = _finals(engine, 5)
     assert set(finals) == {"other"}  # the other request ran start to finish meanwhile
     assert engine.scheduler.requests["pd"].status == RequestStatus.WAITING and peer.lookups == 1
@@ -63,8 +64,8 @@ def test_a_request_keeps_its_place_while_the_peer_is_asked_and_computes_the_prom
 
 def test_a_lookup_that_broke_computes_the_prompt_and_an_aborted_wait_ends_the_pull():
     engine, broken, waiting = _engine(), _Peer(), _Peer()
-    engine.add_request("broken", PROMPT, THREE, remote_kv=RemoteKV(remote=broken))
-    engine.add_request("aborted", PROMPT[::-1], THREE, remote_kv=RemoteKV(remote=waiting))
+    engine.add_request(EngineRequest("broken", PROMPT, THREE, remote_kv=RemoteKV(remote=broken)))
+    engine.add_request(EngineRequest("aborted", PROMPT[::-1], THREE, remote_kv=RemoteKV(remote=waiting)))
     engine.step()
     broken.found.set_exception(RuntimeError("the server's half failed"))
     engine.abort_request("aborted")
@@ -76,7 +77,7 @@ def test_a_lookup_that_broke_computes_the_prompt_and_an_aborted_wait_ends_the_pu
 
 def test_the_prefill_sides_lease_leaves_on_the_final_output():
     engine = _engine()
-    engine.add_request("prefill", PROMPT, THREE, remote_kv=RemoteKV(lease_ttl_s=30.0, peer="router", engine_id="me"))
+    engine.add_request(EngineRequest("prefill", PROMPT, THREE, remote_kv=RemoteKV(lease_ttl_s=30.0, peer="router", engine_id="me")))
     handle = _finals(engine, 5)["prefill"].kv_lease
     assert handle["num_tokens"] == 16 and len(handle["remote_block_ids"]) == 4 and handle["remote_lease_id"]
     assert handle["remote_engine_id"] == "me" and handle["do_remote_prefill"] and not handle["do_remote_decode"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -27,7 +28,7 @@ def drain(engine):
 
 def test_prefill_and_decode_phases_cover_their_model_steps():
     engine, _ = make_engine()
-    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))
     drain(engine)
     s = engine.stats
     assert s.e2e_latency.count == s.queue_time.count == s.prefill_time.count == s.decode_time.count == 1
@@ -40,8 +41,8 @@ def test_prefill_and_decode_phases_cover_their_model_steps():
 
 def test_queue_time_is_the_wait_for_a_free_sequence_slot():
     engine, _ = make_engine(max_num_seqs=1)
-    engine.add_request("first", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
-    engine.add_request("second", [4, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request(EngineRequest("first", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))
+    engine.add_request(EngineRequest("second", [4, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True)))
     drain(engine)
     queue = engine.stats.queue_time
     assert queue.count == 2
@@ -50,8 +51,8 @@ def test_queue_time_is_the_wait_for_a_free_sequence_slot():
 
 def test_token_histograms_record_each_finished_request():
     engine, _ = make_engine(step_delay=0.0)
-    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
-    engine.add_request("b", list(range(1, 11)), SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))
+    engine.add_request(EngineRequest("b", list(range(1, 11)), SamplingParams(max_tokens=2, ignore_eos=True)))
     drain(engine)
     s = engine.stats
     assert (s.request_prompt_tokens.count, s.request_prompt_tokens.sum) == (2, 13)
@@ -61,7 +62,7 @@ def test_token_histograms_record_each_finished_request():
 
 def test_iteration_tokens_count_every_token_the_model_computed():
     engine, runner = make_engine(step_delay=0.0)
-    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))
     drain(engine)
     hist = engine.stats.iteration_tokens
     assert hist.count == runner.num_steps == 4
@@ -70,7 +71,7 @@ def test_iteration_tokens_count_every_token_the_model_computed():
 
 def test_a_request_aborted_while_waiting_has_a_latency_but_no_phases():
     engine, _ = make_engine()
-    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4))
+    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(max_tokens=4)))
     engine.abort_request("a")
     drain(engine)
     s = engine.stats

@@ -8,6 +8,7 @@ import random
 
 import pytest
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.request import RequestStatus
 from kvmesh.replica.engine.request_queue import PriorityRequestQueue
@@ -28,7 +29,7 @@ def params(max_tokens: int) -> SamplingParams:
 def test_waiting_requests_run_by_priority_then_arrival():
     engine = make_engine(scheduling_policy="priority", max_num_seqs=1)
     for rid, priority in [("low", 5), ("high-1", -1), ("mid", 0), ("high-2", -1), ("mid-2", 0)]:
-        engine.add_request(rid, [1, 2, 3], params(1), priority=priority)
+        engine.add_request(EngineRequest(rid, [1, 2, 3], params(1), priority=priority))
     assert [r.request_id for r in engine.scheduler.waiting] == ["high-1", "high-2", "mid", "mid-2", "low"]
     order = []
     while engine.has_unfinished_requests():
@@ -39,7 +40,7 @@ def test_waiting_requests_run_by_priority_then_arrival():
 def test_fcfs_keeps_arrival_order():
     engine = make_engine(max_num_seqs=1)
     for rid in ["a", "b", "c"]:
-        engine.add_request(rid, [1, 2, 3], params(1))
+        engine.add_request(EngineRequest(rid, [1, 2, 3], params(1)))
     order = []
     while engine.has_unfinished_requests():
         order += [out.request_id for out in engine.step() if out.finished]
@@ -49,10 +50,10 @@ def test_fcfs_keeps_arrival_order():
 def test_the_lowest_priority_is_preempted_first_not_the_newest():
     # 8 usable blocks of 4; three 8-token prompts take 2 blocks each and grow: the room runs out
     engine = make_engine(num_blocks=9, max_num_batched_tokens=64, scheduling_policy="priority")
-    engine.add_request("old-low", [1] * 8, params(16), priority=1)
+    engine.add_request(EngineRequest("old-low", [1] * 8, params(16), priority=1))
     engine.step()  # running first; the others arrive later
-    engine.add_request("mid", [2] * 8, params(16), priority=0)
-    engine.add_request("new-high", [3] * 8, params(16), priority=-1)
+    engine.add_request(EngineRequest("mid", [2] * 8, params(16), priority=0))
+    engine.add_request(EngineRequest("new-high", [3] * 8, params(16), priority=-1))
     requests = dict(engine.scheduler.requests)
     while engine.scheduler.num_preemptions == 0:
         engine.step()
@@ -66,20 +67,20 @@ def test_the_lowest_priority_is_preempted_first_not_the_newest():
 
 def test_a_preempted_request_waits_behind_higher_priorities_and_before_lower_ones():
     engine = make_engine(num_blocks=9, max_num_batched_tokens=64, max_num_seqs=2, scheduling_policy="priority")
-    engine.add_request("a", [1] * 12, params(16), priority=0)
-    engine.add_request("b", [2] * 12, params(16), priority=0)
+    engine.add_request(EngineRequest("a", [1] * 12, params(16), priority=0))
+    engine.add_request(EngineRequest("b", [2] * 12, params(16), priority=0))
     while engine.scheduler.num_preemptions == 0:
         engine.step()
         if engine.scheduler.num_running == 2 and "late" not in engine.scheduler.requests:
-            engine.add_request("late", [3] * 4, params(2), priority=1)
-            engine.add_request("urgent", [4] * 4, params(2), priority=-1)
+            engine.add_request(EngineRequest("late", [3] * 4, params(2), priority=1))
+            engine.add_request(EngineRequest("urgent", [4] * 4, params(2), priority=-1))
     assert [r.request_id for r in engine.scheduler.waiting] == ["urgent", "b", "late"]
 
 
 def test_priority_queue_removes_and_prepends():
     engine = make_engine(scheduling_policy="priority")
     for rid, priority in [("x", 2), ("y", 1), ("z", 3)]:
-        engine.add_request(rid, [1, 2], params(1), priority=priority)
+        engine.add_request(EngineRequest(rid, [1, 2], params(1), priority=priority))
     queue = engine.scheduler.waiting
     assert isinstance(queue, PriorityRequestQueue)
     engine.abort_request("y")
@@ -92,11 +93,11 @@ def test_priority_queue_removes_and_prepends():
 def test_fcfs_refuses_a_nonzero_priority():
     engine = make_engine()
     with pytest.raises(ValueError, match="priority scheduling is not enabled"):
-        engine.add_request("a", [1, 2], params(1), priority=1)
+        engine.add_request(EngineRequest("a", [1, 2], params(1), priority=1))
     assert not engine.has_unfinished_requests()
-    engine.add_request("b", [1, 2], params(1), priority=0)
+    engine.add_request(EngineRequest("b", [1, 2], params(1), priority=0))
     with pytest.raises(ValueError, match="integer"):
-        make_engine(scheduling_policy="priority").add_request("c", [1, 2], params(1), priority=1.5)
+        make_engine(scheduling_policy="priority").add_request(EngineRequest("c", [1, 2], params(1), priority=1.5))
     with pytest.raises(ValueError, match="scheduling_policy"):
         EngineConfig(model="fake", scheduling_policy="lifo")
 
@@ -112,7 +113,7 @@ def test_greedy_tokens_do_not_depend_on_the_priority_mix(stories_path, seed):
         engine = LLMEngine(EngineConfig(model=str(stories_path), dtype="float32", device="cpu", block_size=4,
                                         hash_seed=b"s", kv_cache_memory=1 << 22, **kw), skip_tokenizer_init=True)
         for rid, (prompt, n, priority) in requests.items():
-            engine.add_request(rid, prompt, params(n), priority=priority if kw else 0)
+            engine.add_request(EngineRequest(rid, prompt, params(n), priority=priority if kw else 0))
         finals = {}
         while engine.has_unfinished_requests():
             finals |= {out.request_id: out.output_token_ids for out in engine.step() if out.finished}

@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 
 from kvmesh.events.schema import BlockStored  # noqa: E402
 from kvmesh.replica.config import EngineConfig  # noqa: E402
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
@@ -58,7 +59,7 @@ def generate(eng: LLMEngine, params: dict[str, SamplingParams], one_by_one: bool
     order = list(params)
     for batch in ([[rid] for rid in order] if one_by_one else [order]):
         for rid in batch:
-            eng.add_request(rid, PROMPTS[rid[0]], params[rid])
+            eng.add_request(EngineRequest(rid, PROMPTS[rid[0]], params[rid]))
         for _ in range(2000):
             if not eng.has_unfinished_requests():
                 break
@@ -142,9 +143,9 @@ def test_structured_output_requests_decode_one_token_per_step(stories_path, spec
 
     def run(config: dict | None) -> tuple[LLMEngine, dict]:
         eng, done = engine(stories_path, config), {}
-        eng.add_request("a", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=(
-            StructuredOutputsParams(regex="[a-z ]{8,40}"))))
-        eng.add_request("c", PROMPTS["c"], greedy(30))
+        eng.add_request(EngineRequest("a", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=(
+            StructuredOutputsParams(regex="[a-z ]{8,40}")))))
+        eng.add_request(EngineRequest("c", PROMPTS["c"], greedy(30)))
         deadline = time.monotonic() + 60  # the grammar compiles in another process meanwhile
         while eng.has_unfinished_requests() and time.monotonic() < deadline:
             done |= {o.request_id: (list(o.output_token_ids), o.finish_reason) for o in eng.step() if o.finished}
@@ -163,7 +164,7 @@ def test_a_migrated_streams_continuation_gives_the_same_tokens(stories_path, spe
     whole = generate(engine(stories_path, None), {"b": greedy(40)})["b"][0]
     cut = 15
     eng = engine(stories_path, spec)
-    eng.add_request("b-continued", PROMPTS["b"] + whole[:cut], greedy(40 - cut))
+    eng.add_request(EngineRequest("b-continued", PROMPTS["b"] + whole[:cut], greedy(40 - cut)))
     rest = []
     for _ in range(2000):
         if not eng.has_unfinished_requests():
@@ -202,7 +203,7 @@ def test_lora_requests_give_the_same_tokens(stories_path, spec, tmp_path):
     for config in (None, spec):
         eng = engine(stories_path, config, enable_lora=True, max_lora_rank=8)
         for rid in PROMPTS:
-            eng.add_request(rid, PROMPTS[rid], greedy(40), lora_request=lora if rid in "ab" else None)
+            eng.add_request(EngineRequest(rid, PROMPTS[rid], greedy(40), lora_request=lora if rid in "ab" else None))
         done = {}
         for _ in range(2000):
             if not eng.has_unfinished_requests():

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from kvmesh.replica.config import EngineConfig  # noqa: E402
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.server.metrics import ReplicaMetrics  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
@@ -37,7 +38,7 @@ def engine(path, spec: dict | bool | None) -> LLMEngine:
 
 def run(eng: LLMEngine, prompts: dict[str, list[int]], params: dict[str, SamplingParams]) -> dict[str, list[int]]:
     for rid, prompt in prompts.items():
-        eng.add_request(rid, prompt, params[rid])
+        eng.add_request(EngineRequest(rid, prompt, params[rid]))
     result = {}
     for _ in range(1000):
         if not eng.has_unfinished_requests():

@@ -14,6 +14,7 @@ from kvmesh.replica.attention.backend import default_backend, get_attn_backend
 from kvmesh.replica.attention.flash_attn_backend import FlashAttentionBackend
 from kvmesh.replica.attention.torch_backend import TorchAttentionBackend
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
@@ -34,7 +35,7 @@ def flash_reference(monkeypatch):
 
 def generate(engine: LLMEngine, prompts: dict[str, list[int]], lengths: dict[str, int]) -> dict[str, list[int]]:
     for rid, prompt in prompts.items():
-        engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True))
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True)))
     finals = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -203,7 +204,7 @@ def static_engine(config: EngineConfig) -> tuple[LLMEngine, list]:
 
 def outputs(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
     for rid, (prompt, params) in requests.items():
-        engine.add_request(rid, prompt, params)
+        engine.add_request(EngineRequest(rid, prompt, params))
     finals = {}
     while engine.has_unfinished_requests():
         for out in engine.step():

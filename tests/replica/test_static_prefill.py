@@ -11,6 +11,7 @@ import pytest
 import torch
 from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
@@ -46,7 +47,7 @@ def one_by_one(eng: LLMEngine, prompts: list[list[int]], params: dict) -> list[l
     """Each prompt alone (its prefill is a one-request step), in order: later ones hit earlier ones' blocks."""
     tokens = []
     for i, prompt in enumerate(prompts):
-        eng.add_request(f"r{i}", prompt, SamplingParams(ignore_eos=True, **params))
+        eng.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(ignore_eos=True, **params)))
         while eng.has_unfinished_requests():
             for out in eng.step():
                 if out.finished:

@@ -9,6 +9,7 @@ import string
 
 import pytest
 import torch
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.serving.sampling_params import SamplingParams, SamplingParamsError
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
@@ -139,7 +140,7 @@ def test_a_complete_grammar_stops_even_with_ignore_eos(stories_path):
 def test_a_constraint_that_does_not_compile_is_refused_naming_its_field(stories_path, so, field):
     eng = engine(stories_path, False)
     with pytest.raises(SamplingParamsError) as err:
-        eng.add_request("x", PROMPTS["a"], SamplingParams(max_tokens=4, structured_outputs=so))
+        eng.add_request(EngineRequest("x", PROMPTS["a"], SamplingParams(max_tokens=4, structured_outputs=so)))
     assert err.value.param == field and field in str(err.value)
     assert not eng.has_unfinished_requests()
 
@@ -156,9 +157,9 @@ def test_grammars_compile_off_the_engine_thread_and_the_others_run_meanwhile(sto
     second request with the same spec shares the compilation."""
     eng = engine(stories_path, False)
     manager, so = eng.structured_output, slow_choice(0, words=100)
-    eng.add_request("c1", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so))
-    eng.add_request("c2", PROMPTS["b"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so))
-    eng.add_request("free", PROMPTS["d"], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    eng.add_request(EngineRequest("c1", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so)))
+    eng.add_request(EngineRequest("c2", PROMPTS["b"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so)))
+    eng.add_request(EngineRequest("free", PROMPTS["d"], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)))
     done = {}
     while "free" not in done:
         done |= {o.request_id: o for o in eng.step() if o.finished}
@@ -215,19 +216,19 @@ def test_a_continuation_resumes_the_constraint_after_the_tokens_already_sent(sto
     whole = generate(engine(stories_path, False), {"a": SamplingParams(temperature=0.0, max_tokens=64,
                                                                      structured_outputs=so)})["a"][0]
     eng, sent = engine(stories_path, False), 7
-    eng.add_request("a", PROMPTS["a"] + whole[:sent], SamplingParams(
-        temperature=0.0, max_tokens=64 - sent, structured_outputs=replace(so, num_resumed_tokens=sent)))
+    eng.add_request(EngineRequest("a", PROMPTS["a"] + whole[:sent], SamplingParams(
+        temperature=0.0, max_tokens=64 - sent, structured_outputs=replace(so, num_resumed_tokens=sent))))
     done = {}
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["a"].output_token_ids == whole[sent:] and done["a"].finish_reason == "stop"
-    eng.add_request("b", PROMPTS["a"] + whole[1:sent], SamplingParams(  # the '{' left out: refused
-        temperature=0.0, max_tokens=8, structured_outputs=replace(so, num_resumed_tokens=sent - 1)))
+    eng.add_request(EngineRequest("b", PROMPTS["a"] + whole[1:sent], SamplingParams(  # the '{' left out: refused
+        temperature=0.0, max_tokens=8, structured_outputs=replace(so, num_resumed_tokens=sent - 1))))
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["b"].finish_reason == "error" and "num_resumed_tokens" in done["b"].error
     with pytest.raises(SamplingParamsError) as err:
-        eng.add_request("c", PROMPTS["d"], SamplingParams(structured_outputs=replace(so, num_resumed_tokens=4)))
+        eng.add_request(EngineRequest("c", PROMPTS["d"], SamplingParams(structured_outputs=replace(so, num_resumed_tokens=4))))
     assert err.value.param == "x.num_resumed_tokens"
 
 
@@ -258,14 +259,14 @@ def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(storie
 
     eng = engine(stories_path, False, structured_outputs=StructuredOutputsConfig(compile_processes=1,
                                                                                  compile_timeout_s=0.2))
-    eng.add_request("stuck", PROMPTS["a"], SamplingParams(max_tokens=8, structured_outputs=slow_choice(1)))
+    eng.add_request(EngineRequest("stuck", PROMPTS["a"], SamplingParams(max_tokens=8, structured_outputs=slow_choice(1))))
     done = {}
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["stuck"].finish_reason == "error" and "guided_choice" in done["stuck"].error
     assert "did not compile within 0.2 s" in done["stuck"].error
-    eng.add_request("next", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8,
-                                                         structured_outputs=StructuredOutputsParams(choice=("yes", "no"))))
+    eng.add_request(EngineRequest("next", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8,
+                                                         structured_outputs=StructuredOutputsParams(choice=("yes", "no")))))
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["next"].finish_reason == "stop"

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.model_runner import ModelRunner
@@ -40,7 +41,7 @@ def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 12) ->
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outs: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
+        engine.add_request(EngineRequest(str(i), p, params))
         if i == 0:  # finish the first so the second request hits its cached prefix
             while engine.has_unfinished_requests():
                 outs.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
@@ -76,7 +77,7 @@ def test_tp2_matches_tp1_on_random_gqa_model(tp2, gqa_path):
 def test_dead_rank_fails_the_step_fast_and_marks_the_group_down(tp2, gqa_path, ray_session):
     engine = LLMEngine(engine_config(gqa_path, 2), model_runner=tp2, skip_tokenizer_init=True)
     ray_session.kill(tp2.workers[1], no_restart=True)
-    engine.add_request("r", [1, 40, 41], SamplingParams(temperature=0.0, max_tokens=4))
+    engine.add_request(EngineRequest("r", [1, 40, 41], SamplingParams(temperature=0.0, max_tokens=4)))
     t0 = time.monotonic()
     outs = [o for o in engine.step() if o.finished]
     assert time.monotonic() - t0 < 30

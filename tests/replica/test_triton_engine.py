@@ -15,6 +15,7 @@ import pytest
 import torch
 import transformers
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -40,7 +41,7 @@ def generate(config: EngineConfig, prompts: dict[str, list[int]], max_tokens: in
     finals = {}
     for rid, prompt in prompts.items():
         n = max_tokens[rid] if isinstance(max_tokens, dict) else max_tokens
-        engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
         if rid.endswith("-first"):
             while engine.has_unfinished_requests():
                 finals.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})

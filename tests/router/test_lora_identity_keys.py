@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from kvmesh.events.schema import BlockStored
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.lora_request import LoRARequest
@@ -36,8 +37,8 @@ def engine_with_events(events: list) -> LLMEngine:
 
 
 def run(engine: LLMEngine, request_id: str, lora: LoRARequest) -> None:
-    engine.add_request(request_id, PROMPT, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
-                       lora_request=lora)
+    engine.add_request(EngineRequest(request_id, PROMPT, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
+                       lora_request=lora))
     for _ in range(50):
         if any(out.finished for out in engine.step()):
             return

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.engines import make_engine
 from kvmesh.cluster.measure.benchmarks.support.step_overhead import TINY, bench_step_overhead
+from kvmesh.replica.engine.engine_request import EngineRequest
 
 MODEL = dict(model_type="llama", hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
              num_attention_heads=8, num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096)
@@ -62,7 +63,7 @@ def run_engine(engine, prompts, lengths, tag="r") -> dict:
 
     clock = WallCpuClock()
     for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
-        engine.add_request(f"{tag}{i}", p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        engine.add_request(EngineRequest(f"{tag}{i}", p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
     steps = generated = 0
     while engine.has_unfinished_requests():
         generated += sum(len(o.new_token_ids) for o in engine.step())
@@ -112,7 +113,7 @@ def time_to_first_token(engine, rid, prompt) -> dict:
     from kvmesh.replica.serving.sampling_params import SamplingParams
 
     clock = WallCpuClock()
-    engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1))
+    engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1)))
     cached = 0
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvmesh.replica.engine.engine_request import EngineRequest
+
 DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 PROMPTS = ("Once upon a time", "The little dog", "Lily and Tom went to the park", "One day, a big bird",
            "Sam had a red ball", "The sun was hot and", "Mom said", "There was a small cat")
@@ -75,8 +77,8 @@ def sampled_text(model: str, tokens: int) -> list[list[int]]:
     engine, tokenizer = _engine(model, "auto"), load_tokenizer(model)
     per = max(16, tokens // len(PROMPTS))
     for i, text in enumerate(PROMPTS):
-        engine.add_request(str(i), tokenizer.encode(text),
-                           SamplingParams(temperature=1.0, seed=i, max_tokens=per, ignore_eos=True))
+        engine.add_request(EngineRequest(str(i), tokenizer.encode(text),
+                           SamplingParams(temperature=1.0, seed=i, max_tokens=per, ignore_eos=True)))
     done = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -91,7 +93,7 @@ def teacher_forced(model: str, kv_cache_dtype: str, texts: list[list[int]]) -> l
 
     engine, done = _engine(model, kv_cache_dtype), {}
     for i, text in enumerate(texts):
-        engine.add_request(str(i), text, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))
+        engine.add_request(EngineRequest(str(i), text, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.prompt_logprobs is not None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.engine import MODEL, WallCpuClock
 from kvmesh.cluster.measure.benchmarks.support.engines import make_engine
+from kvmesh.replica.engine.engine_request import EngineRequest
 
 DECODE_VARIANTS = {"none": None, "logprobs=0": 0, "logprobs=5": 5, "logprobs=20": 20}
 SCORING_VARIANTS = {"none": None, "prompt_logprobs=1": 1}
@@ -41,7 +42,7 @@ def parse_args(argv):
 def run(engine, prompts, params, tag: str) -> dict[str, float]:
     clock = WallCpuClock()
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"{tag}-{i}", prompt, params)
+        engine.add_request(EngineRequest(f"{tag}-{i}", prompt, params))
     while engine.has_unfinished_requests():
         engine.step()
     return clock.read()

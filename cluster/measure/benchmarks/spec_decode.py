@@ -26,6 +26,8 @@ import statistics
 import time
 from pathlib import Path
 
+from kvmesh.replica.engine.engine_request import EngineRequest
+
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 SPECULATIVE = ("ngram", "draft_model")
 NAMES = {"ngram": "n-gram", "draft_model": "draft model"}
@@ -63,7 +65,7 @@ def generate(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> tup
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"{tag}-{i}", prompt, params)
+        engine.add_request(EngineRequest(f"{tag}-{i}", prompt, params))
     start, tokens, steps = time.perf_counter(), 0, 0
     while engine.has_unfinished_requests() and steps < 100 * max_tokens:
         tokens += sum(len(o.new_token_ids) for o in engine.step())
@@ -77,7 +79,7 @@ def workloads(args, plain) -> dict[str, list[list[int]]]:
     starts = [[1] + [rng.randrange(3, vocab) for _ in range(4)] for _ in range(args.requests)]
     quoted = []
     for i, start in enumerate(starts):
-        plain.add_request(f"quote-{i}", start, _greedy(args.max_tokens))
+        plain.add_request(EngineRequest(f"quote-{i}", start, _greedy(args.max_tokens)))
     texts = {}
     while plain.has_unfinished_requests():
         texts.update({o.request_id: o.output_token_ids for o in plain.step() if o.finished})

@@ -21,6 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
+from kvmesh.replica.engine.engine_request import EngineRequest
+
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "mood": {"enum": ["happy", "sad"]}, "ok": {"type": "boolean"}},
           "required": ["name", "age", "mood", "ok"], "additionalProperties": False}
@@ -120,11 +122,11 @@ def throughput(num_requests: int, constrained: bool, args) -> float:
                                     max_num_seqs=max(num_requests, 1)))
     so = StructuredOutputsParams(regex=WORDS) if constrained else None
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, structured_outputs=so)
-    engine.add_request("warm", [1, 403, 407], params)  # compiles the grammar (cached by its spec) and warms up
+    engine.add_request(EngineRequest("warm", [1, 403, 407], params))  # compiles the grammar (cached by its spec) and warms up
     while engine.has_unfinished_requests():
         engine.step()
     for i in range(num_requests):
-        engine.add_request(f"r{i}", [1, 403, 407, 261 + i], params)
+        engine.add_request(EngineRequest(f"r{i}", [1, 403, 407, 261 + i], params))
     start, tokens = time.perf_counter(), 0
     while engine.has_unfinished_requests():
         tokens += sum(len(out.new_token_ids) for out in engine.step())

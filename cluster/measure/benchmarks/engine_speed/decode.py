@@ -12,6 +12,7 @@ import statistics
 
 from kvmesh.cluster.measure.benchmarks.engine_speed.timing import Clock
 from kvmesh.cluster.measure.benchmarks.engine_speed.workload import greedy, random_tokens
+from kvmesh.replica.engine.engine_request import EngineRequest
 
 
 def decode_step_times(engine, batch: int, context: int, warmup: int, steps: int, budget: int,
@@ -22,7 +23,7 @@ def decode_step_times(engine, batch: int, context: int, warmup: int, steps: int,
     max_tokens = prefill_steps + warmup + steps + 8  # nobody finishes before the last timed step
     ids = [f"d{batch}-{i}" for i in range(batch)]
     for rid in ids:
-        engine.add_request(rid, random_tokens(rng, context, engine.vocab_size), greedy(max_tokens))
+        engine.add_request(EngineRequest(rid, random_tokens(rng, context, engine.vocab_size), greedy(max_tokens)))
     started: set[str] = set()
     while len(started) < batch:
         started.update(o.request_id for o in engine.step() if o.new_token_ids)

@@ -11,6 +11,7 @@ import statistics
 
 from kvmesh.cluster.measure.benchmarks.engine_speed.timing import Clock
 from kvmesh.cluster.measure.benchmarks.engine_speed.workload import greedy, random_tokens
+from kvmesh.replica.engine.engine_request import EngineRequest
 
 NEW_TOKENS = 16
 
@@ -18,7 +19,7 @@ NEW_TOKENS = 16
 def first_token(engine, request_id: str, prompt: list[int], device) -> dict:
     """ms from add_request to the first sampled token, and the prompt tokens the engine found cached."""
     clock = Clock(device)
-    engine.add_request(request_id, prompt, greedy(1))
+    engine.add_request(EngineRequest(request_id, prompt, greedy(1)))
     cached = None
     while engine.has_unfinished_requests():
         for out in engine.step():

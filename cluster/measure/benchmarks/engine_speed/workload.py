@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from kvmesh.cluster.measure.benchmarks.engine_speed.timing import Clock
+from kvmesh.replica.engine.engine_request import EngineRequest
 
 FIRST_TOKEN_ID = 3  # below: Llama's <unk>, <s>, </s>
 
@@ -49,7 +50,7 @@ def warm_up(engine, vocab_size: int) -> None:
     """A few short requests through prefill and decode: the first calls of every op are not timed."""
     rng = random.Random("warm-up")
     for i in range(4):
-        engine.add_request(f"warm{i}", random_tokens(rng, 32 + 8 * i, vocab_size), greedy(4))
+        engine.add_request(EngineRequest(f"warm{i}", random_tokens(rng, 32 + 8 * i, vocab_size), greedy(4)))
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -60,7 +61,7 @@ def run_workload(engine, workload: SpeedWorkload, device, label: str) -> dict:
 
     clock = Clock(device)
     for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
-        engine.add_request(f"w{i}", prompt, greedy(n))
+        engine.add_request(EngineRequest(f"w{i}", prompt, greedy(n)))
     steps = generated = 0
     with tqdm(total=workload.output_tokens, desc=f"{label}: workload", unit="tok", leave=False) as bar:
         while engine.has_unfinished_requests():

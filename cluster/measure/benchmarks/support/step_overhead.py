@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from kvmesh.replica.engine.engine_request import EngineRequest
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -48,8 +50,8 @@ def bench_step_overhead(args: argparse.Namespace) -> dict:
 
     rng = random.Random(3)
     for i in range(n):
-        engine.add_request(f"o{i}", [rng.randrange(3, 1000) for _ in range(16)],
-                           SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
+        engine.add_request(EngineRequest(f"o{i}", [rng.randrange(3, 1000) for _ in range(16)],
+                           SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)))
     for _ in range(5):  # prefill, then settle into decode
         engine.step()
     assert engine.scheduler.num_running == n
