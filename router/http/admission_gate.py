@@ -25,7 +25,6 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import msgspec
@@ -34,6 +33,7 @@ from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, She
 from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
 from kvmesh.router.admission.room import LearnedSlots, ReplicaRoom, SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
+from kvmesh.router.http.admission_ticket import Ticket, Waiting, future_of, waiting_of
 from kvmesh.router.http.caller import int_header
 from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.routing.policies import NoReplicaError
@@ -50,36 +50,6 @@ if TYPE_CHECKING:
 DEADLINE_HEADER = b"x-kvmesh-ttft-deadline-ms"
 """The request's own TTFT deadline in milliseconds (overrides its priority class's)."""
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-
-
-@dataclass(slots=True, eq=False)
-class Ticket:
-    """An admitted request: its place in the books and the route that let it go."""
-
-    waiter: Waiter
-    decision: RouteDecision | None
-    """The route that let it go (None: no replica; dispatch answers 503)."""
-    start: float
-    """``time.perf_counter()`` at arrival."""
-
-
-@dataclass(slots=True, eq=False)
-class _Waiting:
-    """What a waiter carries here (``Waiter.payload``)."""
-
-    future: asyncio.Future
-    """Resolved with the route that lets it go, or a ``Shed``."""
-    request: ProxyRequest
-    start: float
-    timer: asyncio.TimerHandle | None = None
-    """Sheds it when its deadline passes while it waits."""
-    granted: bool = False
-    """Let go, its task not yet run to its dispatch (``AdmissionGate.granted``)."""
-
-
-def _waiting(waiter: Waiter) -> _Waiting:
-    """What the gate put in ``waiter`` (``_arrive``: every waiter it queues carries one)."""
-    return cast(_Waiting, waiter.payload)
 
 
 class AdmissionGate:
@@ -109,7 +79,7 @@ class AdmissionGate:
         labels, got = self._arrive(http, request)
         if isinstance(got, Shed):
             return self._refuse(got, labels)
-        ticket = await self._wait(got, labels)
+        ticket = self._at_once(got, labels) or await self._wait(got, labels)
         if isinstance(ticket, Shed):
             return self._refuse(ticket, labels)
         m = self.metrics
@@ -161,13 +131,29 @@ class AdmissionGate:
         deadline = adm.deadline_of(priority, None if deadline_ms is None else deadline_ms / 1000, now)
         got = adm.arrive(request.req.model or "", tenant, priority, sum(map(len, request.prompts)), deadline, now)
         if not isinstance(got, Shed):
-            got.payload = _Waiting(asyncio.get_running_loop().create_future(), request, time.perf_counter())
+            got.payload = Waiting(request, time.perf_counter())
             self._answer_displaced(got.model, now)
         return self.metrics.labels(tenant.name, priority), got
 
+    def _at_once(self, waiter: Waiter, labels: tuple[str, str]) -> Ticket | Shed | None:
+        """With nothing else waiting for its model and no one let go still on its way, ``waiter`` is the head the
+        pump would try now: tried here, without a future (None: it waits, its place kept; ``_wait``)."""
+        waiting = waiting_of(waiter)
+        if self.granted or waiting.future is not None or len(self.admission.queues[waiter.model]) != 1:
+            return None
+        verdict = self._try(waiter, waiting, time.monotonic())
+        if verdict == WAIT:
+            waiting.priced = True
+            return None
+        self.metrics.queue_seconds.labels(labels[1]).observe(time.perf_counter() - waiting.start)
+        if isinstance(verdict, Shed):
+            return verdict
+        return Ticket(waiter, cast("RouteDecision | None", verdict), waiting.start)
+
     async def _wait(self, waiter: Waiter, labels: tuple[str, str]) -> Ticket | Shed:
-        waiting = _waiting(waiter)
-        self.pump(waiter.model)
+        waiting = waiting_of(waiter)
+        if not waiting.priced:  # ``_at_once`` asked the gate already: the pump would find the same
+            self.pump(waiter.model)
         try:
             return await self._await_turn(waiter, waiting, labels)
         finally:
@@ -175,8 +161,9 @@ class AdmissionGate:
                 waiting.granted = False
                 self.granted -= 1
 
-    async def _await_turn(self, waiter: Waiter, waiting: _Waiting, labels: tuple[str, str]) -> Ticket | Shed:
-        if not waiting.future.done():
+    async def _await_turn(self, waiter: Waiter, waiting: Waiting, labels: tuple[str, str]) -> Ticket | Shed:
+        future = future_of(waiter)
+        if not future.done():
             m = self.metrics
             m.queued.labels(*labels).inc()
             gauge = m.waiting.labels(*labels)
@@ -186,7 +173,7 @@ class AdmissionGate:
                 waiting.timer = loop.call_at(loop.time() + waiter.deadline - time.monotonic(), self._expire, waiter)
             self._tick(waiter.model)
             try:
-                await waiting.future
+                await future
             except asyncio.CancelledError:  # the client left: out of the queue at once
                 self.admission.leave(waiter)
                 raise
@@ -195,12 +182,12 @@ class AdmissionGate:
                 if waiting.timer is not None:
                     waiting.timer.cancel()
         self.metrics.queue_seconds.labels(labels[1]).observe(time.perf_counter() - waiting.start)
-        result = waiting.future.result()
+        result = future.result()
         return result if isinstance(result, Shed) else Ticket(waiter, result, waiting.start)
 
     def _expire(self, waiter: Waiter) -> None:
         """Its deadline passed while it waited: shed (nothing waits past its deadline)."""
-        future = _waiting(waiter).future
+        future = future_of(waiter)
         if future.done():
             return
         self.admission.leave(waiter)
@@ -226,37 +213,48 @@ class AdmissionGate:
             waiter = adm.head(model, now)
             if waiter is None:
                 return
-            waiting = _waiting(waiter)
-            if waiting.future.done():  # answered meanwhile (cancelled)
+            waiting, future = waiting_of(waiter), future_of(waiter)
+            if future.done():  # answered meanwhile (cancelled)
                 adm.leave(waiter)
                 continue
-            try:
-                decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
-            except NoReplicaError:  # nothing to wait for: dispatch answers 503
-                decision = None
-            priced = decision is not None and decision.predicted_ttft_s is not None
-            room = self._room(now, decision.replica_id if priced else None)
-            verdict = GO if decision is None else adm.gate(
-                waiter, decision.predicted_ttft_s, room, now, idle=self._idle(decision.replica_id),
-                predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
+            verdict = self._try(waiter, waiting, now)
             if verdict == WAIT:
                 return
             if isinstance(verdict, Shed):
-                adm.leave(waiter)
-                waiting.future.set_result(verdict)
+                future.set_result(verdict)
                 continue
-            if decision is not None:
-                self.router.commit(decision, waiting.request.session_id)
-            adm.went(waiter, 0 if decision is None else decision.uncached_tokens, now)
             waiting.granted = True
             self.granted += 1
-            waiting.future.set_result(decision)  # its task runs to its dispatch, then the next pump
+            future.set_result(verdict)  # its task runs to its dispatch, then the next pump
             asyncio.get_running_loop().call_soon(self.pump, model)
+
+    def _try(self, waiter: Waiter, waiting: Waiting, now: float) -> RouteDecision | None | str | Shed:
+        """The gate's verdict on the head ``waiter``: WAIT; a ``Shed`` (out of the queue); or it goes (out of the
+        queue, its replica committed): the route that lets it go (None: no replica, dispatch answers 503)."""
+        adm = self.admission
+        try:
+            decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
+        except NoReplicaError:  # nothing to wait for: dispatch answers 503
+            decision = None
+        priced = decision is not None and decision.predicted_ttft_s is not None
+        room = self._room(now, decision.replica_id if priced else None)
+        verdict = GO if decision is None else adm.gate(
+            waiter, decision.predicted_ttft_s, room, now, idle=self._idle(decision.replica_id),
+            predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
+        if verdict == WAIT:
+            return WAIT
+        if isinstance(verdict, Shed):
+            adm.leave(waiter)
+            return verdict
+        if decision is not None:
+            self.router.commit(decision, waiting.request.session_id)
+        adm.went(waiter, 0 if decision is None else decision.uncached_tokens, now)
+        return decision
 
     def _answer_displaced(self, model: str, now: float) -> None:
         """Waiters that lost their place to a tenant under its share get their 429 (router/admission/queue_share.py)."""
         for waiter, shed in self.admission.displaced(model, now):
-            future = _waiting(waiter).future
+            future = future_of(waiter)
             if not future.done():
                 future.set_result(shed)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors
 from kvmesh.replica.serving.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from kvmesh.router.http.loop_counter import LoopCounter
 from kvmesh.router.http.loop_histogram import LoopHistogram
 from kvmesh.router.replicas.replica import DEGRADED_CAUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -37,15 +38,15 @@ class RouterMetrics:
             "kvmesh_router_time_to_first_token_seconds",
             "Streamed requests, from the request reaching the router to the replica's first output bytes",
             ["model_name"], TTFT_BUCKETS, r)
-        self.decisions = Counter("kvmesh_router_decisions", "Requests routed, per replica and policy",
-                                 ["replica", "policy"], registry=r)
-        self.predicted_hit_tokens = Counter(
+        self.decisions = LoopCounter("kvmesh_router_decisions", "Requests routed, per replica and policy",
+                                     ["replica", "policy"], r)
+        self.predicted_hit_tokens = LoopCounter(
             "kvmesh_router_predicted_hit_tokens", "Prompt tokens the router expected the replica to have cached",
-            ["replica"], registry=r)
-        self.reported_cached_tokens = Counter(
+            ["replica"], r)
+        self.reported_cached_tokens = LoopCounter(
             "kvmesh_router_reported_cached_tokens", "Cached prompt tokens the replica reported in usage",
-            ["replica"], registry=r)
-        self.prompt_tokens = Counter("kvmesh_router_prompt_tokens", "Prompt tokens routed", ["replica"], registry=r)
+            ["replica"], r)
+        self.prompt_tokens = LoopCounter("kvmesh_router_prompt_tokens", "Prompt tokens routed", ["replica"], r)
         self.retries = Counter("kvmesh_router_retries", "Requests retried on another replica before any output",
                                ["replica"], registry=r)
         self.migrations = Counter("kvmesh_router_stream_migrations",
@@ -67,8 +68,8 @@ class RouterMetrics:
         self.kv_pulled_tokens = Counter("kvmesh_router_kv_pulled_tokens",
                                         "Prompt tokens whose KV the replicas reported pulling from another replica "
                                         "(x-kvmesh-kv-pulled-tokens), split and peer pulls", registry=r)
-        self.requests = Counter("kvmesh_router_requests", "Requests answered, per HTTP status class",
-                                ["status"], registry=r)
+        self.requests = LoopCounter("kvmesh_router_requests", "Requests answered, per HTTP status class",
+                                    ["status"], r)
         self.stage_seconds = LoopHistogram("kvmesh_router_routing_seconds",
                                            "Routing overhead per stage (tokenize, hash, match, score)",
                                            ["stage"], _STAGE_BUCKETS, r)

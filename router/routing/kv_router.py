@@ -244,7 +244,7 @@ class KVRouter:
             rid = decision.replica_id
             if session_id is not None:
                 self.sessions.pin(session_id, rid, now)
-            start = self.index.match_tiers(decision.keys, now=now).device.get(rid, 0)
+            start = self.index.match(decision.keys, now=now).get(rid, 0)
             self.index.predict(rid, decision.keys, now=now, start=start)
 
     def observe_ttft(self, decision: RouteDecision, actual_s: float) -> None:

@@ -107,3 +107,24 @@ def test_429s_carry_retry_after_and_name_their_reason(admitting, fakes):
     text = httpx.get(admitting.url + "/metrics").text
     assert 'kvmesh_router_admission_shed_total{priority="all",reason="tenant_over_limit",tenant="capped"} 1.0' in text
     assert 'kvmesh_router_admission_shed_total{priority="all",reason="deadline_unreachable",tenant="light"} 1.0' in text
+
+
+def test_a_request_with_nothing_waiting_goes_at_once_without_the_queue_machinery(admitting, fakes, monkeypatch):
+    """Nothing waits and the replica has room: admitted in the arrival's own call, no future made and no pump run
+    (the only pump is its end's, giving its room on), nothing counted as queued."""
+    gate = admitting.runtime.admission
+    fakes[0].configure(delay=0.0)
+    pumps = []
+    pump = gate.pump
+    monkeypatch.setattr(gate, "pump", lambda model: (pumps.append(model), pump(model)))
+    done: list = []
+    assert _post(admitting, "light", "a lone question", done).status_code == 200
+    wait_for(lambda: pumps, timeout=5, what="the request's end pumping its model")
+    time.sleep(0.1)
+    assert pumps == [""], pumps
+    assert gate.granted == 0 and not gate._tickers
+    assert not gate.admission.queues[""]
+    text = httpx.get(admitting.url + "/metrics").text
+    assert 'kvmesh_router_admission_admitted_total{priority="all",tenant="light"} 1.0' in text
+    assert 'kvmesh_router_admission_queued_total{priority="all",tenant="light"} 0.0' in text
+    assert 'kvmesh_router_admission_queue_seconds_count{priority="all"} 1.0' in text

@@ -8,7 +8,7 @@ Used by ``cache_aware`` (policies/cache_aware.py), ``KVRouter`` (``RouteDecision
 and pull decisions (kv_placement.py). Pure, no I/O, no torch.
 """
 
-from kvmesh.router.routing.cost.candidates import price_all
+from kvmesh.router.routing.cost.candidates import price_all, price_one
 from kvmesh.router.routing.cost.correction import observe_ttft
 from kvmesh.router.routing.cost.estimate import TTFTEstimate, estimate, prefill_s_per_token
 from kvmesh.router.routing.cost.fleet import FleetRates
@@ -16,4 +16,4 @@ from kvmesh.router.routing.cost.prices import Prices
 from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
 
 __all__ = ["FleetRates", "Prices", "PullPriors", "TTFTEstimate", "can_pull", "estimate", "observe_ttft",
-           "prefill_s_per_token", "price_all", "pull_seconds"]
+           "prefill_s_per_token", "price_all", "price_one", "pull_seconds"]

@@ -30,21 +30,26 @@ from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
 
 def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
               prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None = None,
-              lora_name: str | None = None, fleet: FleetRates | None = None,
-              only: ReplicaId | None = None) -> Prices:
-    """``TTFTEstimate`` of every replica in ``loads`` (``only``: of that one) for a prompt of ``prompt_tokens``
+              lora_name: str | None = None, fleet: FleetRates | None = None) -> Prices:
+    """``TTFTEstimate`` of every replica in ``loads`` for a prompt of ``prompt_tokens``
     (``device``/``host``: leading prompt blocks each holds per tier). ``loads`` as ``CandidateLoads`` (the
     router's columns) are priced in one vectorised pass (``price_columns``); a plain mapping one by one."""
     if fleet is None:
         fleet = loads.fleet() if isinstance(loads, CandidateLoads) else FleetRates.of(loads.values())
     price_one, holder, best = _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name,
                                       fleet)
-    if only is not None:
-        return Prices.of({only: price_one(only)})
     if isinstance(loads, CandidateLoads):
         return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
                              holder, best)
     return Prices.of({rid: price_one(rid) for rid in loads})
+
+
+def price_one(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
+              prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
+              lora_name: str | None, replica_id: ReplicaId) -> TTFTEstimate:
+    """``price_all``'s estimate of ``replica_id`` alone (a candidate of ``loads``), without pricing the others."""
+    fleet = loads.fleet() if isinstance(loads, CandidateLoads) else FleetRates.of(loads.values())
+    return _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet)[0](replica_id)
 
 
 def _pricer(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],

@@ -29,7 +29,7 @@ from typing import ClassVar
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
-from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all
+from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all, price_one
 from kvmesh.router.routing.tier_matches import TierMatches
 
 """How the router names a replica (its spec's id over HTTP, an int in the simulator)."""
@@ -110,8 +110,8 @@ class Policy:
         if found is not None or replica_id not in loads:
             return found
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
-                         lora_name, only=replica_id)[replica_id]
+        return price_one(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
+                         lora_name, replica_id)
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
