@@ -38,7 +38,7 @@ class ReplicaLoadUpdate(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     kv_usage: float
     """Fraction of its KV cache blocks in use."""
     accepted: dict[str, int]
-    """Router id -> the highest booking number (router/routing/bookings.py) it accepted from that router: the
+    """Router id -> the highest booking number (router/replicas/bookings.py) it accepted from that router: the
     requests of that router it counts above."""
     prefill_tokens_per_s: float | None = None
     """Prompt tokens per second it measured itself computing (None: not measured yet)."""

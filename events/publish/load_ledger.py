@@ -3,7 +3,7 @@
     accept(booking, prompt_tokens, uncached_tokens, now)   a request joined the replica's queue
     update(now, running, waiting, queued, kv_usage, ...)   the ``ReplicaLoadUpdate`` to publish now
 
-Per router id, the highest booking number accepted (``x-kvmesh-router``, router/routing/bookings.py), so each
+Per router id, the highest booking number accepted (``x-kvmesh-router``, router/replicas/bookings.py), so each
 router subtracts its own bookings the replica counts; and the fleet-wide rates a router alone sees only its share
 of: requests per second (decayed over ``ARRIVAL_TAU_S``, as ``ReplicaLoad.arrival_rate``) and the uncached prompt
 tokens, prompt tokens and requests accepted, decayed over ``CHURN_TAU_S`` (its cache's turnover and hit fraction,

@@ -45,6 +45,7 @@ class LoadFeed:
         self._dealers: dict[str, zmq.Socket] = {}
         self._owner: dict[zmq.Socket, str] = {}
         self._asked: dict[str, float] = {}
+        self._absent: set[str] = set()
         self.updates = 0
         """Updates applied (all replicas)."""
         self.bad_frames = 0
@@ -92,6 +93,7 @@ class LoadFeed:
                 del self._owner[old]
                 old.close(linger=0)
             self._asked.pop(name, None)
+            self._absent.discard(name)
             if endpoint is None:
                 continue
             sock = self._ctx.socket(zmq.DEALER)
@@ -133,7 +135,8 @@ class LoadFeed:
                 self.updates += 1
                 self.on_load(name, update)
             elif len(frames) >= 3 and frames[-2] == END_SEQ:  # vLLM's end marker: it publishes no load
-                if self.on_absent is not None:
+                if self.on_absent is not None and name not in self._absent:
+                    self._absent.add(name)
                     self.on_absent(name)
             else:
                 self.bad_frames += 1

@@ -2,7 +2,7 @@
 cannot.
 
     router    every request it sends to a replica that publishes its load carries
-              ``x-kvmesh-router: <router id>:<booking number>:<uncached prompt tokens>`` (router/routing/bookings.py);
+              ``x-kvmesh-router: <router id>:<booking number>:<uncached prompt tokens>`` (router/replicas/bookings.py);
               a client that sends the header itself gets a 400 naming it (router/http/router_only.py)
     replica   counts the request as accepted from that router (its published ``accepted``) and its prefill as
               the uncached tokens until it computes its prompt. A caller without the internal key that sends it

@@ -31,11 +31,12 @@ from kvmesh.replica.server.engine_requests import engine_requests
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
-from kvmesh.replica.serving.sampling_params import SamplingParamsError
+from kvmesh.replica.serving.sampling_params import SamplingParams, SamplingParamsError
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput, TokenLogprobs
 
 if TYPE_CHECKING:
     from kvmesh.replica.server.state import ServerState
+    from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,16 @@ async def _wait_disconnect(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+async def _checked_constraints(params: list[SamplingParams]) -> list[StructuredOutputsParams]:
+    """The requests' structured-output constraints, each checked off the event loop and the engine thread (a 400)."""
+    if constraints := [sp.structured_outputs for sp in params if sp.structured_outputs is not None]:
+        try:
+            await asyncio.to_thread(check_constraints, constraints)
+        except SamplingParamsError as e:
+            raise ProtocolError(str(e), param=e.param) from None
+    return constraints
 
 
 class OpenAIHandlers:
@@ -93,11 +104,7 @@ class OpenAIHandlers:
         params = [req.to_sampling_params(len(ids), client.max_model_len, self.state.default_max_tokens)
                   for ids in prompts]
         chat_answer.constrain_after_reasoning(req, self.state.frontend, params)
-        if constraints := [sp.structured_outputs for sp in params if sp.structured_outputs is not None]:
-            try:  # off the event loop and the engine thread
-                await asyncio.to_thread(check_constraints, constraints)
-            except SamplingParamsError as e:
-                raise ProtocolError(str(e), param=e.param) from None
+        constraints = await _checked_constraints(params)
         request_id = responses.random_id("chatcmpl" if isinstance(req, ChatCompletionRequest) else "cmpl")
         candidates, kv = engine_requests(self.state, http, req, request_id, prompts, params)
         try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile

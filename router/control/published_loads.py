@@ -31,8 +31,6 @@ class PublishedLoads:
         self.router, self.config, self.loop = router, config, loop
         keypair = (config.curve_public_key, config.curve_secret_key) if config.curve_public_key else None
         self.feed = LoadFeed(self._received, self._absent, curve_keypair=keypair).start()
-        self.absent: set[str] = set()
-        """Replicas that said they publish no load."""
         router.replicas.on_added(self._added)
         router.replicas.on_removed(self._removed)
         for replica in router.replicas.records():
@@ -49,13 +47,10 @@ class PublishedLoads:
     def _removed(self, replica: Replica) -> None:
         if replica.spec is not None and replica.spec.replay:
             self.feed.remove_source(replica.id)
-        self.absent.discard(replica.id)
 
     def _received(self, replica_id: str, update: ReplicaLoadUpdate) -> None:
         """The feed's thread: apply on the event loop, where the router books its requests."""
         self.loop.call_soon_threadsafe(self.router.loads.apply_published, replica_id, update)
 
-    def _absent(self, replica_id: str) -> None:
-        if replica_id not in self.absent:
-            self.absent.add(replica_id)
-            logger.info("replica %s publishes no load on its event stream: its /load polls count", replica_id)
+    def _absent(self, replica_id: str) -> None:  # once per source (the feed's)
+        logger.info("replica %s publishes no load on its event stream: its /load polls count", replica_id)

@@ -33,7 +33,7 @@ class InFlight:
         self.had_output = False
         """``on_first_output`` ran: the replica answered."""
         self.booking: int | None = None
-        """Its booking number on a replica that publishes its load (router/routing/bookings.py); None: none."""
+        """Its booking number on a replica that publishes its load (router/replicas/bookings.py); None: none."""
 
     def __enter__(self) -> InFlight:
         d = self.decision

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
+from kvmesh.router.replicas.bookings import Bookings
 
 PUBLISHED_FRESH_S = 2.0
 """Seconds a replica's published load is taken over its ``/load`` polls (a replica publishes at least every few
@@ -97,9 +98,12 @@ class ReplicaLoad:
     """Their uncached prompt tokens that have produced no output yet (idem)."""
     unacked_requests: int = 0
     """This router's requests sent here that the replica's last published load does not count yet
-    (router/routing/bookings.py; 0 when the replica does not publish its load)."""
+    (router/replicas/bookings.py; 0 when the replica does not publish its load)."""
     unacked_prefill_tokens: int = 0
     """Their uncached prompt tokens."""
+    bookings: Bookings | None = None
+    """This router's requests sent here that the replica has not acknowledged yet (replicas/bookings.py); None
+    while the replica publishes no load."""
     published_seq: int | None = None
     """``seq`` of the last load the replica published (events/load.py) that this router applied; None: none yet
     (the replica's load comes from ``/load`` polls)."""

@@ -16,11 +16,11 @@ import uuid
 from typing import TYPE_CHECKING
 
 from kvmesh.events.load import ReplicaLoadUpdate
+from kvmesh.router.replicas.bookings import Bookings
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.views import FieldView
-from kvmesh.router.routing.bookings import Bookings
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.shared_loads import SharedLoadTable
@@ -60,9 +60,7 @@ class LoadTracker:
         self._slotted: list | None = None
         self._num_slots = 0
         self.router_id = router_id or new_router_id()
-        """This router's id in the replicas' published loads (``accepted``; router/routing/bookings.py)."""
-        self.bookings: dict[ReplicaId, Bookings] = {}
-        """Replica -> this router's requests it has not acknowledged yet (only replicas that publish their load)."""
+        """This router's id in the replicas' published loads (``accepted``; router/replicas/bookings.py)."""
         self.replicas.on_added(self._added, locked=True)
         self.replicas.on_removed(self._removed, locked=True)
 
@@ -121,9 +119,9 @@ class LoadTracker:
         now = time.monotonic() if now is None else now
         if load is None or not load.apply_published(update, now):
             return
-        bookings = self.bookings.get(replica_id)
+        bookings = load.bookings
         if bookings is None:
-            bookings = self.bookings[replica_id] = Bookings()
+            bookings = load.bookings = Bookings()
         bookings.acknowledge(update.accepted.get(self.router_id, 0), now, BOOKING_MAX_AGE_S)
         self._set_unacked(load, bookings)
         if update.churn_tau_s == self.churn_tau_s:  # the fleet's rates, which this router sees only its share of
@@ -135,10 +133,10 @@ class LoadTracker:
 
     def stop_published(self, replica_id: ReplicaId) -> None:
         """``replica_id``'s published load stopped (its stream was lost): its ``/load`` polls count again."""
-        bookings = self.bookings.pop(replica_id, None)
         load = self.loads.get(replica_id)
+        bookings = None if load is None else load.bookings
         if load is not None and bookings is not None:
-            load.published_seq = None
+            load.bookings, load.published_seq = None, None
             bookings.forget()
             self._set_unacked(load, bookings)
 
@@ -150,7 +148,6 @@ class LoadTracker:
             load.unacked_prefill_tokens = bookings.unacked_tokens
 
     def _removed(self, replica: Replica) -> None:
-        self.bookings.pop(replica.id, None)
         self._slotted = None
         slot = replica.load.shared_slot
         if self.row is not None and slot is not None:
@@ -169,7 +166,7 @@ class LoadTracker:
             if self.shared is not None:
                 self._publish(load)
             now = time.monotonic() if now is None else now
-            bookings = self.bookings.get(replica_id)
+            bookings = load.bookings
             if bookings is not None:
                 number = bookings.book(uncached_tokens, now)
                 self._set_unacked(load, bookings)

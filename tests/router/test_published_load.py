@@ -1,5 +1,5 @@
 """Routers that share no memory see a replica's load from what it publishes (events/load.py), each adding only its
-own bookings the replica has not counted yet (router/routing/bookings.py, LoadTracker.apply_published)."""
+own bookings the replica has not counted yet (router/replicas/bookings.py, LoadTracker.apply_published)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kvmesh.events.publish.load_ledger import LoadLedger
 from kvmesh.replica.openai.router_booking import booking_header, parse_booking
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.replicas import load as replica_load
-from kvmesh.router.routing.bookings import Bookings
+from kvmesh.router.replicas.bookings import Bookings
 from kvmesh.router.routing.load import BOOKING_MAX_AGE_S, LoadTracker
 
 

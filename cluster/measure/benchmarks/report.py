@@ -143,7 +143,7 @@ def replications_table(docs: list[dict]) -> str:
 
 
 def routers_published_table(docs: list[dict]) -> str:
-    from kvmesh.cluster.measure.benchmarks.routers_published import table
+    from kvmesh.cluster.measure.benchmarks.support.routers_published_table import table
 
     return table(docs)
 

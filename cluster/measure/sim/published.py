@@ -1,7 +1,7 @@
 """Simulated replicas that publish their load (``SimConfig.published_loads``), as a kvmesh replica does on its
 event stream (events/load.py): after each engine step whose load changed, the replica's running and waiting
 requests, queued prefill tokens, KV usage, prefill rate, and per router the highest booking number it accepted
-(router/routing/bookings.py). Every router takes the update ``load_publish_lag_s`` later
+(router/replicas/bookings.py). Every router takes the update ``load_publish_lag_s`` later
 (``LoadTracker.apply_published``) and adds only its own bookings the replica had not accepted then: no router
 shares memory with another, and each sees a replica's load as of its last step end plus the lag.
 """
