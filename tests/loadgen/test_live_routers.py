@@ -20,6 +20,7 @@ from kvmesh.cluster.measure.loadgen.live_routers import (
     LiveFleet,
     find_peer,
     peers_dir,
+    replica_counters,
     reset_prefix_caches,
     router_command,
 )
@@ -69,7 +70,8 @@ def test_a_missing_peer_or_an_unknown_router_is_named(tmp_path):
 
 def _row(rnd: int, router: str, hit: float, ttft: float) -> dict:
     summary = {"cached_token_share": hit, "ttft_s": {"mean": ttft, "p50": ttft}, "errors": 0, "requests": 10}
-    return {"round": rnd, "router": router, "workload": "w", "summary": summary}
+    replicas = [{"requests": 6.0}, {"requests": 4.0}]  # the busiest replica took 1.2 x the mean
+    return {"round": rnd, "router": router, "workload": "w", "summary": summary, "replicas": replicas}
 
 
 def test_kvmesh_against_a_peer_is_a_paired_difference_round_by_round():
@@ -80,9 +82,9 @@ def test_kvmesh_against_a_peer_is_a_paired_difference_round_by_round():
     assert vs["hit_points"] == pytest.approx((10.0, 0.0))  # 10 points ahead in both rounds: no spread
     assert vs["ttft_mean_ratio"][0] == pytest.approx((0.10 / 0.20 - 1 + 0.0) / 2)
     assert vs["ttft_mean_ratio"][1] == pytest.approx(12.706 * (0.5 / 2 ** 0.5) / 2 ** 0.5)  # t(1) x sd / sqrt(n)
-    assert "vs_reference" not in s["kvmesh"]
+    assert "vs_reference" not in s["kvmesh"] and s["p"]["load_imbalance"] == pytest.approx((1.2, 0.0))
     lines = table({"stats": {"w": s}}).splitlines()
-    assert lines[2].startswith("| w | **kvmesh** | 40.0 ± 127.1% |") and "| +10.0 ± +0.0 |" in lines[3]
+    assert lines[2].startswith("| w | **kvmesh** | 40.0 ± 127.1% |") and "| +10.0 ± +0.0 |" in lines[3] and "| 1.20 ± 0.00 |" in lines[3]
 
 
 def _peers() -> list[str]:
@@ -99,16 +101,21 @@ def _cached(url: str, model: str, prompt: str) -> int:
     return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-def test_a_reset_leaves_the_replicas_nothing_to_reuse(stories_path):
+@pytest.mark.live
+def test_a_reset_leaves_the_replicas_nothing_to_reuse_and_their_counters_show_it(stories_path):
     prompt = "Once upon a time there was a little girl who loved to play in the park with her dog. " * 3
     with launched_replicas(1, str(stories_path), "--kv-cache-memory 1MiB") as fleet:
         url, model = fleet.replicas[0].url, fleet.served_model_name
         _cached(url, model, prompt)
         assert _cached(url, model, prompt) > 0
+        hits = replica_counters(fleet.replicas, None)[0]["prefix_cache_hits"]
         reset_prefix_caches(fleet.replicas, None)
         assert _cached(url, model, prompt) == 0
+        counters = replica_counters(fleet.replicas, None)[0]
+        assert counters["requests"] == 3 and counters["prefix_cache_hits"] == hits > 0
 
 
+@pytest.mark.live
 def test_kvmesh_and_the_installed_peers_replay_one_trace_on_the_same_replicas(stories_path, tmp_path, capsys):
     """The short version of BENCHMARKS' live comparison: every router serves every request of the trace."""
     routers = ["kvmesh", *_peers()]

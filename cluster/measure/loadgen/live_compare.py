@@ -16,7 +16,13 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from kvmesh.cluster.measure.loadgen.live_routers import LiveFleet, peers_dir, reset_prefix_caches, router_command
+from kvmesh.cluster.measure.loadgen.live_routers import (
+    LiveFleet,
+    peers_dir,
+    replica_counters,
+    reset_prefix_caches,
+    router_command,
+)
 from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig
 
 REFERENCE = "kvmesh"
@@ -52,8 +58,12 @@ async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fle
                 for workload in workloads:
                     run = replace(config, endpoint=replace(config.endpoint, url=url),
                                   workload=replace(config.workload, workload=workload))
+                    before = replica_counters(fleet.replicas, args.admin_key)
                     out = await run_bench(run, f"{name}/{workload} round {rnd}", not args.no_progress)
-                    rows.append({"round": rnd, "router": name, "workload": workload, "summary": out["summary"]})
+                    after = replica_counters(fleet.replicas, args.admin_key)
+                    per_replica = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+                    rows.append({"round": rnd, "router": name, "workload": workload, "summary": out["summary"],
+                                 "replicas": per_replica})
                     print(_line(rows[-1]), flush=True)
     settings = out["config"] | {"url": None, "label": None}
     return {"routers": {n: " ".join(c) for n, c in commands.items()}, "rounds": args.rounds,
@@ -67,9 +77,12 @@ def _line(row: dict) -> str:
             f"  TTFT mean {s['ttft_s']['mean']:.3f} s  p50 {s['ttft_s']['p50']:.3f} s  errors {s['errors']}")
 
 
-def _figures(summary: dict) -> dict[str, float]:
+def _figures(row: dict) -> dict[str, float]:
+    """One run's figures: the client's, and how unevenly the router spread requests (busiest replica / mean)."""
+    summary, counts = row["summary"], [r["requests"] for r in row.get("replicas") or ()]
     return {"hit_rate": summary["cached_token_share"], "ttft_mean_s": summary["ttft_s"]["mean"],
-            "ttft_p50_s": summary["ttft_s"]["p50"], "errors": summary["errors"], "requests": summary["requests"]}
+            "ttft_p50_s": summary["ttft_s"]["p50"], "errors": summary["errors"], "requests": summary["requests"],
+            "load_imbalance": max(counts) / (sum(counts) / len(counts)) if counts and sum(counts) else float("nan")}
 
 
 def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
@@ -79,18 +92,19 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
 
     out: dict = {}
     for w in workloads:
-        per = {n: [_figures(r["summary"]) for r in sorted(rows, key=lambda r: r["round"])
+        per = {n: [_figures(r) for r in sorted(rows, key=lambda r: r["round"])
                    if r["router"] == n and r["workload"] == w] for n in names}
         out[w] = {}
         for n, runs in per.items():
-            entry = {k: interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s")}
+            entry = {k: interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s", "load_imbalance")}
             entry["errors"] = sum(r["errors"] for r in runs)
             entry["requests"] = sum(r["requests"] for r in runs)
             ref = per.get(REFERENCE)
             if ref is not None and n != REFERENCE and len(ref) == len(runs):
+                pairs = list(zip(ref, runs, strict=True))  # the same rounds, in order
                 entry["vs_reference"] = {
-                    "hit_points": interval([100 * (a["hit_rate"] - b["hit_rate"]) for a, b in zip(ref, runs)]),
-                    "ttft_mean_ratio": interval([a["ttft_mean_s"] / b["ttft_mean_s"] - 1 for a, b in zip(ref, runs)])}
+                    "hit_points": interval([100 * (a["hit_rate"] - b["hit_rate"]) for a, b in pairs]),
+                    "ttft_mean_ratio": interval([a["ttft_mean_s"] / b["ttft_mean_s"] - 1 for a, b in pairs])}
             out[w][n] = entry
     return out
 
@@ -103,7 +117,7 @@ def _pm(pair: list[float] | tuple[float, float], fmt: str, scale: float = 1.0) -
 def table(result: dict) -> str:
     """The results file as BENCHMARKS' table: a row per workload and router, means over the rounds ± 95%."""
     lines = [f"| workload | router | cached prompt tokens | mean TTFT | TTFT p50 | {REFERENCE} minus it: cached "
-             f"(points) | {REFERENCE}'s mean TTFT vs its | errors |", "|---" * 8 + "|"]
+             f"(points) | {REFERENCE}'s mean TTFT vs its | busiest replica / mean | errors |", "|---" * 9 + "|"]
     for w, per in result["stats"].items():
         for name, s in per.items():
             vs = s.get("vs_reference")
@@ -112,7 +126,7 @@ def table(result: dict) -> str:
                    if vs else "- | -")
             lines.append(f"| {w} | {label} | {_pm(s['hit_rate'], '{:.1f}', 100)}% | "
                          f"{_pm(s['ttft_mean_s'], '{:.0f}', 1e3)} ms | {_pm(s['ttft_p50_s'], '{:.0f}', 1e3)} ms | "
-                         f"{cmp} | {s['errors']} of {s['requests']} |")
+                         f"{cmp} | {_pm(s['load_imbalance'], '{:.2f}')} | {s['errors']} of {s['requests']} |")
     return "\n".join(lines)
 
 

@@ -129,3 +129,24 @@ def reset_prefix_caches(replicas: tuple[ReplicaSpec, ...], admin_key: str | None
             raise ValueError(f"{s.url}/reset_prefix_cache refused ({r.status_code}): pass --admin-key")
         if r.status_code != 200:
             raise ValueError(f"{s.url}/reset_prefix_cache answered {r.status_code}: {r.text[:200]}")
+
+
+COUNTERS = {"vllm:request_success_total": "requests", "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+            "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
+"""The replicas' own counters read around each run (``GET /metrics``), by the name a row gives them."""
+
+
+def replica_counters(replicas: tuple[ReplicaSpec, ...], admin_key: str | None) -> list[dict[str, float]]:
+    """Each replica's counters now (``COUNTERS``, summed over their labels), in the fleet's order."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    out = []
+    for s in replicas:
+        counts = dict.fromkeys(COUNTERS.values(), 0.0)
+        for line in httpx.get(s.url + "/metrics", headers=headers, timeout=30).text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]  # NAME{labels} VALUE, or NAME VALUE
+            if name in COUNTERS:
+                counts[COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
+        out.append(counts)
+    return out
