@@ -1,7 +1,8 @@
 """``kvmesh bench compare-policies --router NAME ...``: routers as processes in front of the same replicas, the same
 workloads through each, in interleaved rounds (live_routers.py starts them).
 
-Per round every router runs once, the order reversed every other round (a drift of the machine's load falls on
+The replicas are warmed up first (the workload's first requests straight to each, not counted). Per round every
+router runs once, the order reversed every other round (a drift of the machine's load falls on
 all of them alike); before each run the replicas' prefix caches are reset and the router starts afresh, and no
 ``cache_salt`` is sent (a router that hashes tokens itself, vllm-router's ``kv_aware``, would match no salted
 block). The hit rate is the share of prompt tokens the replicas answered as cached (``usage.prompt_tokens_details
@@ -41,6 +42,18 @@ async def _tokens_per_word(config: BenchLoadConfig, fleet: LiveFleet) -> BenchLo
     return replace(config, workload=replace(config.workload, tokens_per_word=tpw or 2.0))
 
 
+async def _warm_up(config: BenchLoadConfig, fleet: LiveFleet, workload: str, num_requests: int = 16) -> None:
+    """The first requests of ``workload`` sent straight to every replica and forgotten: a replica's first steps are
+    slower (allocations, first calls), which would fall on whichever router ran first."""
+    from kvmesh.cluster.measure.loadgen.load import run_bench
+
+    for spec in fleet.replicas:
+        run = replace(config, endpoint=replace(config.endpoint, url=spec.url),
+                      workload=replace(config.workload, workload=workload, num_requests=num_requests),
+                      load=replace(config.load, mode="closed", concurrency=4))
+        await run_bench(run, f"warm-up {spec.replica_id}", progress=False)
+
+
 async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fleet: LiveFleet,
                           names: list[str], workloads: list[str]) -> dict:
     """Every router in ``names`` over ``args.rounds`` interleaved rounds: the results file's content."""
@@ -49,6 +62,7 @@ async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fle
 
     commands = {name: router_command(name, fleet, peers_dir(args.peers_dir)) for name in names}  # all found first
     config = await _tokens_per_word(config, fleet)
+    await _warm_up(config, fleet, workloads[0])
     rows = []
     for rnd in range(args.rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
