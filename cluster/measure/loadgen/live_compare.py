@@ -102,7 +102,7 @@ def _figures(row: dict) -> dict[str, float]:
 def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
     """Per workload and router: each figure's mean over the rounds and 95% half-width; against the reference,
     the paired differences (hit rate in points, reference minus it; mean TTFT as the reference's / its - 1)."""
-    from kvmesh.cluster.measure.benchmarks.headline import interval
+    from kvmesh.cluster.measure.loadgen.intervals import interval
 
     out: dict = {}
     for w in workloads:

@@ -20,7 +20,7 @@ from kvmesh.router.config import ReplicaSpec
 def launched_replicas(n: int, model: str, extra_args: str = "", timeout_s: float = 180.0) -> Iterator[LiveFleet]:
     """``n`` replicas of ``model`` (``kvmesh replica --port 0 --event-port 0 --replay-port 0`` + ``extra_args``)
     until the block ends; a ValueError with the log's end when one does not start."""
-    from kvmesh.cluster.measure.benchmarks.support.peer_load import stop_processes, wait_http
+    from kvmesh.cluster.measure.loadgen.processes import stop_processes, wait_http
 
     procs: list[subprocess.Popen] = []
     try:

@@ -80,7 +80,7 @@ def router_command(name: str, fleet: LiveFleet, folder: Path) -> list[str]:
     if exe is None:
         raise ValueError(f"{base} is not installed: no {folder}/*/bin/{PEER_EXECUTABLES[base]} "
                          f"(python3 -m venv {folder}/X && {folder}/X/bin/pip install {base}; or --peers-dir)")
-    from kvmesh.cluster.measure.benchmarks.support.peer_load import free_port
+    from kvmesh.cluster.measure.loadgen.processes import free_port
 
     cmd = [str(exe), *(["launch"] if base == "sglang-router" else []), "--worker-urls", *urls, "--host", "127.0.0.1",
            "--policy", policy or "cache_aware", "--log-level", "warn" if base == "sglang-router" else "warning",
@@ -98,7 +98,7 @@ def router_command(name: str, fleet: LiveFleet, folder: Path) -> list[str]:
 @contextlib.contextmanager
 def running_router(cmd: list[str], label: str, timeout_s: float = 120.0) -> Iterator[str]:
     """``cmd --port P`` as a process until the block ends: its URL once ``/health`` answers 200."""
-    from kvmesh.cluster.measure.benchmarks.support.peer_load import free_port, stop_processes, wait_http
+    from kvmesh.cluster.measure.loadgen.processes import free_port, stop_processes, wait_http
 
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"kvmesh-compare-{label.replace(':', '-')}-{port}.log"
