@@ -84,7 +84,7 @@ def test_kvmesh_against_a_peer_is_a_paired_difference_round_by_round():
     assert vs["ttft_mean_ratio"][1] == pytest.approx(12.706 * (0.5 / 2 ** 0.5) / 2 ** 0.5)  # t(1) x sd / sqrt(n)
     assert "vs_reference" not in s["kvmesh"] and s["p"]["load_imbalance"] == pytest.approx((1.2, 0.0))
     lines = table({"stats": {"w": s}}).splitlines()
-    assert lines[2].startswith("| w | **kvmesh** | 40.0 ± 127.1% |") and "| +10.0 ± +0.0 |" in lines[3] and "| 1.20 ± 0.00 |" in lines[3]
+    assert lines[2].startswith("| w | **kvmesh** | 40.0 ± 127.1% |") and "| +10.0 ± 0.0 |" in lines[3] and "| 1.20 ± 0.00 |" in lines[3]
 
 
 def _peers() -> list[str]:

@@ -125,13 +125,13 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
 
 def _pm(pair: list[float] | tuple[float, float], fmt: str, scale: float = 1.0) -> str:
     mean, half = pair
-    return f"{fmt.format(scale * mean)} ± {fmt.format(scale * half)}"
+    return f"{fmt.format(scale * mean)} ± {fmt.replace('+', '').format(scale * half)}"
 
 
 def table(result: dict) -> str:
     """The results file as BENCHMARKS' table: a row per workload and router, means over the rounds ± 95%."""
     lines = [f"| workload | router | cached prompt tokens | mean TTFT | TTFT p50 | {REFERENCE} minus it: cached "
-             f"(points) | {REFERENCE}'s mean TTFT vs its | busiest replica / mean | errors |", "|---" * 9 + "|"]
+             f"(points) | {REFERENCE}'s mean TTFT / its - 1 | busiest replica / mean | errors |", "|---" * 9 + "|"]
     for w, per in result["stats"].items():
         for name, s in per.items():
             vs = s.get("vs_reference")
@@ -145,7 +145,8 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    """Cached share and mean TTFT per router, with their 95% intervals, a panel pair per workload."""
+    """Cached share and mean TTFT per router, a panel pair per workload: the mean over the rounds (bar) and each
+    round (dots, TTFT on a log scale: one slow round must not hide the others)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -154,13 +155,17 @@ def plot(result: dict, path: Path) -> Path:
     work = list(result["stats"])
     fig, axes = plt.subplots(len(work), 2, figsize=(11, 3.6 * len(work)), squeeze=False)
     for row, w in zip(axes, work, strict=True):
-        per = result["stats"][w]
-        names = list(per)
+        names = list(result["stats"][w])
         for ax, key, scale, title in ((row[0], "hit_rate", 100, "cached prompt tokens (%)"),
-                                      (row[1], "ttft_mean_s", 1e3, "mean TTFT (ms)")):
-            ax.bar(names, [scale * per[n][key][0] for n in names], yerr=[scale * per[n][key][1] for n in names],
-                   capsize=4, color=["tab:green" if n == REFERENCE else "tab:gray" for n in names])
-            ax.set_title(f"{w}: {title}, mean over {result['rounds']} rounds, 95% interval", fontsize=9)
+                                      (row[1], "ttft_mean_s", 1e3, "mean TTFT (ms, log scale)")):
+            runs = {n: [scale * _figures(r)[key] for r in result["rows"] if r["router"] == n and r["workload"] == w]
+                    for n in names}
+            ax.bar(names, [sum(v) / len(v) for v in runs.values()], alpha=0.6,
+                   color=["tab:green" if n == REFERENCE else "tab:gray" for n in names])
+            for i, n in enumerate(names):
+                ax.plot([i] * len(runs[n]), runs[n], "k.", markersize=8)
+            ax.set_yscale("log" if key == "ttft_mean_s" else "linear")
+            ax.set_title(f"{w}: {title}, {result['rounds']} rounds (dots) and their mean (bar)", fontsize=9)
             ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
