@@ -12,32 +12,17 @@ into a row per policy: the mean over the seeds and its 95% interval (Student's t
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from kvmesh.cluster.measure.loadgen.intervals import interval
 
 POLICIES = ("cache_aware_tokens", "dynamo", "llmd", "llmd_precise", "sglang", "cache_aware", "prefix_hash",
             "least_loaded", "round_robin", "random")
 """The default, the peers' formulas, then kvmesh's other policies and the load-blind baselines."""
 SIM_ARGS = ("--num-replicas", "16", "--time-scale", "0.5")
 """README's headline cell."""
-
-
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086)
-"""Student's t 97.5% quantile for 1..20 degrees of freedom (1.96 beyond)."""
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95% interval (0 for one value)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    df = len(values) - 1
-    t = T_975[df - 1] if df <= len(T_975) else 1.96
-    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def _check(docs: list[dict]) -> None:

@@ -8,7 +8,8 @@ of the commands printed above them: every block between
 is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` report, a row per policy;
 ``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``route_scaling``:
 ``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``router_peers``: ``kvmesh bench router-peers``'
-CPU per request, a row per router run; ``fp8_kv_cache``: ``kvmesh bench fp8-kv-cache``'s blocks per GiB, agreement
+CPU per request, a row per router run; ``live_routers``: ``kvmesh bench compare-policies --router ...``'s
+routers in front of the same replicas, cached share and TTFT over rounds; ``fp8_kv_cache``: ``kvmesh bench fp8-kv-cache``'s blocks per GiB, agreement
 and simulated hit rate per KV cache dtype; ``spec_decode``: ``kvmesh bench spec-decode``'s tokens per
 second and acceptance, a row per workload; ``fp8_aot``: ``tests/replica/triton_aot.py --out``'s attention
 kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --workload lora`` report,
@@ -105,6 +106,12 @@ def router_peers_table(result: dict) -> str:
     return table(result)
 
 
+def live_routers_table(result: dict) -> str:
+    from kvmesh.cluster.measure.loadgen.live_compare import table
+
+    return table(result)
+
+
 def fp8_kv_cache_table(result: dict) -> str:
     from kvmesh.cluster.measure.benchmarks.fp8_kv_cache import table
 
@@ -157,7 +164,8 @@ def queue_flood_table(docs: list[dict]) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
                                                "route_scaling": route_scaling_table, "lora": lora_table,
                                                "router_peers": router_peers_table, "fp8_kv_cache": fp8_kv_cache_table,
-                                               "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table}
+                                               "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table,
+                                               "live_routers": live_routers_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table,
                                                           "replications": replications_table,

@@ -8,6 +8,9 @@ from a running router's ``GET /replicas`` (``--url``, e.g. the one ``kvmesh serv
 ``kvmesh serve`` running here, the routers take its router's credentials from the cluster's record (its replicas
 answer their own router only, and publish their events to it alone): the internal key, the CURVE keys.
 With ``--endpoint NAME=URL`` nothing is started: already-running endpoints are compared.
+With ``--router NAME`` (repeatable) each router runs as a process of its own, kvmesh's and the peers' (vllm-router,
+sglang-router) alike, in front of the same replicas (``--launch-replicas N`` starts them), over ``--rounds``
+interleaved rounds, each run on reset prefix caches (live_compare.py, live_routers.py).
 
 Writes one JSON with every run and a side-by-side plot per workload.
 """
@@ -50,6 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--block-size", type=int, default=None,
                    help="the replicas' KV block size (default: the --url cluster's record's, else 16)")
     c.add_argument("--settle", type=float, default=1.0, help="seconds to let a new router sync events")
+    r = p.add_argument_group("routers as processes (instead of --policies)")
+    r.add_argument("--router", action="append", default=[], metavar="NAME",
+                   help="kvmesh (its default policy), kvmesh:POLICY, vllm-router, vllm-router:kv_aware, sglang-router "
+                        "(repeatable; the peers' cache_aware at their CLI defaults)")
+    r.add_argument("--launch-replicas", type=int, default=0, metavar="N",
+                   help="start N `kvmesh replica`s of --router-model for the comparison (default: --replica)")
+    r.add_argument("--replica-args", default="", help="more flags for the launched replicas, e.g. "
+                                                      "'--kv-cache-memory 2MiB'")
+    r.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    r.add_argument("--peers-dir", default=None, help="folder of the peers' virtualenvs (default: $KVMESH_PEERS_DIR, "
+                                                     "else ../peers beside the checkout)")
+    r.add_argument("--admin-key", default=None, help="the replicas' admin key, for POST /reset_prefix_cache")
     p.set_defaults(out=str(results_dir() / "bench_compare.json"))
     return p
 
@@ -170,14 +185,55 @@ async def compare(args: argparse.Namespace) -> dict:
     return runs
 
 
+async def _compare_routers(args: argparse.Namespace) -> dict:
+    """``--router``: the fleet launched (``--launch-replicas``) or given (``--replica``), then every router over it."""
+    from kvmesh.cluster.measure.loadgen.live_compare import compare_routers
+    from kvmesh.cluster.measure.loadgen.live_replicas import launched_replicas
+    from kvmesh.cluster.measure.loadgen.live_routers import LiveFleet
+
+    config: BenchLoadConfig = config_from_args(args, BENCH_LOAD_SCHEMA)
+    workloads = [w for w in args.workloads.split(",") if w]
+    if args.launch_replicas:
+        if not args.router_model:
+            raise ValueError("--launch-replicas needs --router-model (the model the replicas serve)")
+        with launched_replicas(args.launch_replicas, args.router_model, args.replica_args) as fleet:
+            return await compare_routers(args, config, fleet, args.router, workloads)
+    if not args.replica or not args.router_model:
+        raise ValueError("--router needs --launch-replicas N or --replica specs, and --router-model")
+    specs = tuple(ReplicaSpec.parse(s) for s in args.replica)
+    name = await _model_id(specs[0].url, config.endpoint.api_key) or args.router_model
+    fleet = LiveFleet(specs, args.router_model, name, args.block_size or 16)
+    return await compare_routers(args, config, fleet, args.router, workloads)
+
+
+def _main_routers(args: argparse.Namespace, argv: list[str]) -> int:
+    import json
+    import shlex
+
+    from kvmesh.cluster.measure.loadgen.live_compare import plot, table
+
+    result = {"command": "kvmesh bench compare-policies " + shlex.join(argv),
+              **asyncio.run(_compare_routers(args))}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(table(result))
+    written = [str(out)] + ([] if args.no_plot else [str(plot(result, out.with_suffix(".png")))])
+    print("wrote " + ", ".join(written))
+    return 0 if all(s["errors"] == 0 for per in result["stats"].values() for s in per.values()) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from kvmesh.cluster.measure.loadgen.client import EndpointUnreachable
     from kvmesh.cluster.measure.loadgen.plots import plot_compare
     from kvmesh.cluster.measure.loadgen.report import format_summary, write_json
     from kvmesh.cluster.measure.workloads.traces import TraceError
 
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
+        if args.router:
+            return _main_routers(args, argv)
         runs = asyncio.run(compare(args))
     except (EndpointUnreachable, TraceError, ValueError) as e:
         print(f"kvmesh bench compare-policies: {e}", file=sys.stderr)

@@ -6,7 +6,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support.json_http import get
+from kvmesh.cluster.measure.loadgen.processes import free_port, stop_processes, wait_http  # noqa: F401 (drivers use them from here)
 
 WRK_SCRIPT = r"""
 local reqs = {}
@@ -35,10 +34,6 @@ end
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pinned(cmd: list[str], cpu: int | None) -> list[str]:
@@ -60,15 +55,6 @@ def start_stub_replicas(procs: list, n: int = 2) -> list[str]:
     return urls
 
 
-def stop_processes(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """Terminate every process, then wait for each (killing one that takes longer than ``timeout_s``)."""
-    for p in reversed(procs):
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -94,18 +80,6 @@ def tree_cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def wait_http(url: str, path: str = "/health", timeout_s: float = 120.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{' '.join(map(str, proc.args))} exited with code {proc.returncode}")
-        try:
-            if get(url + path, timeout=2).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url}{path} did not answer 200 within {timeout_s:.0f} s")
 
 
 def run_wrk(url: str, path: str, bodies: list[str], connections: int, duration_s: float, cpu: int | None) -> dict:

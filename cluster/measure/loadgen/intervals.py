@@ -1,0 +1,20 @@
+"""A mean over replications and its 95% interval (Student's t), for the tables that compare runs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086)
+"""Student's t 97.5% quantile for 1..20 degrees of freedom (1.96 beyond)."""
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of its 95% interval (0 for one value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    df = len(values) - 1
+    t = T_975[df - 1] if df <= len(T_975) else 1.96
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
