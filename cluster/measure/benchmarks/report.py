@@ -15,7 +15,9 @@ kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --work
 a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
 one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
-moved a little, the cells each meets and how far each policy's TTFT moved). A FILE with ``*`` names every file it matches, in name order
+moved a little, the cells each meets and how far each policy's TTFT moved; ``verdict``: ``kvmesh bench policy_matrix
+--seeds N``'s cells, a row each with its verdict over the seeds and the rivals that fail it or leave it undecided,
+with their paired intervals). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
     kvmesh bench report            # rewrite every table from its file
@@ -135,6 +137,12 @@ def lora_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def verdict_table(data: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import table
+
+    return table(data)
+
+
 def replications_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.headline import table
 
@@ -150,7 +158,8 @@ def queue_flood_table(docs: list[dict]) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
                                                "route_scaling": route_scaling_table, "lora": lora_table,
                                                "router_peers": router_peers_table, "fp8_kv_cache": fp8_kv_cache_table,
-                                               "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table}
+                                               "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table,
+                                               "verdict": verdict_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table,
                                                           "replications": replications_table}
