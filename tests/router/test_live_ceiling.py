@@ -77,3 +77,35 @@ def test_the_live_estimate_is_within_a_point_of_the_simulators_single_pool_ceili
     hit = report["policies"]["cache_aware_tokens"]["cached_tokens"]
     assert sum(live["miss_tokens"].values()) == live["prompt_tokens"] - live["hit_tokens"]
     assert live["hit_tokens"] == hit
+
+
+def test_the_router_exports_the_ceiling_on_metrics_and_kvmesh_status_reads_it_back():
+    """A KVRouter whose replicas reported their blocks, two answered requests (the second the first's prompt, kept
+    off the first's replica), /metrics rendered and read back as ``kvmesh status`` does."""
+    from kvmesh.cluster.ceiling_status import ceiling_figures, ceiling_line
+    from kvmesh.replica.serving.load_report import LoadReport
+    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.routing.kv_router import KVRouter
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    router = KVRouter(block_size=16)
+    for rid in ("r0", "r1"):
+        router.add_replica(rid)
+        router.replicas.get(rid).load.update_report(LoadReport(
+            num_requests_running=0, num_requests_waiting=0, kv_cache_usage=0.0, num_waiting_prefill_tokens=0,
+            num_kv_blocks=101, block_size=16))
+    registry = CollectorRegistry()
+    ReceiptMetrics(registry, router.receipts)
+    assert ceiling_figures(generate_latest(registry).decode()) is None  # nothing replayed yet
+    prompt = list(range(64))
+    first = router.route(prompt)
+    router.receipts.record_actual(first.receipt, 0, keys=first.keys, output_tokens=16)
+    second = router.route(prompt, exclude=[first.replica_id])
+    router.receipts.record_actual(second.receipt, 0, keys=second.keys, output_tokens=16)
+    figures = ceiling_figures(generate_latest(registry).decode())
+    assert figures["blocks"] == 200 and figures["prompt"] == 128
+    assert figures["ceiling"] == 48 and figures["hit"] == 0  # the single pool: 3 of the 4 blocks on the second
+    # the second's blocks were seen, and no candidate offered them (the first replica was excluded): evicted
+    assert figures["misses"] == {"stale_index": 0, "routed_away": 0, "evicted": 48, "no_reuse": 80}
+    assert ceiling_line(figures).splitlines()[0] == (
+        "single pool: hits 0.0% of the ceiling (one pool of 200 blocks: 37.5% of 128 prompt tokens);")

@@ -17,8 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.headline import POLICIES
-from kvmesh.cluster.measure.benchmarks.support.paired_verdict import FAIL, METRICS, PASS, UNDECIDED, judge_cell
+from kvmesh.cluster.measure.benchmarks.support.paired_verdict import (
+    FAIL,
+    METRICS,
+    PASS,
+    UNDECIDED,
+    judge_cell,
+)
 
 PEERS = ("dynamo", "llmd", "llmd_precise", "sglang")
 """The peers' formulas: the default should beat each beyond the margin on a primary metric at 2x and 3x."""
@@ -72,26 +77,43 @@ def seeds_to_run(cell: dict, default: str, min_seeds: int, max_seeds: int) -> in
 
 
 def table(data: dict) -> str:
-    """A row per cell run: its seeds, its verdict, the pairs that fail or straddle with their intervals, and the
-    peers' formulas it beats on a primary metric; then the count."""
+    """A row per cell run: its seeds, its verdict (below ``min_seeds``: the verdict its seeds so far give, not
+    counted), the pairs that fail or straddle with their intervals, and the peers' formulas it beats on a primary
+    metric; then the count."""
     default, by_name = data["default"], {m.name: m for m in METRICS}
     out = ["| cell | seeds | verdict | rivals better beyond the margin, or straddling it (default - rival, 95% interval) "
            "| peers beaten |", "|---|---|---|---|---|"]
     counts = {PASS: 0, FAIL: 0, UNDECIDED: 0}
+    running = 0
     for key, cell in data["cells"].items():
         seeds = [cell["seeds"][k] for k in sorted(cell["seeds"], key=int)]
         if len(seeds) < 2:
             continue
         j = judge_cell(seeds, default)
-        counts[j["verdict"]] += 1
+        if len(seeds) < data.get("min_seeds", 2):  # not yet a verdict: the intervals so far
+            running += 1
+            j["verdict"] = f"{j['verdict']} so far ({len(seeds)} of {data['min_seeds']} seeds)"
+        else:
+            counts[j["verdict"]] += 1
         notes = [f"{'**' if v == FAIL else ''}{rival} {by_name[m].label} {j['diffs'][rival][m].describe(by_name[m])}"
                  f"{'**' if v == FAIL else ' (undecided)'}"
                  for rival, per in j["pairs"].items() for m, v in per.items() if v != PASS]
         peers = [p for p in PEERS if p in j["pairs"]]
         beaten = f"{sum(p in j['beaten'] for p in peers)}/{len(peers)}" if peers else "-"
-        out.append(f"| {key} | {j['seeds']} | {j['verdict']} | {'; '.join(notes) or '-'} | {beaten} |")
+        minutes = sum(cell["wall_s"].values()) / 60
+        out.append(f"| {key} | {j['seeds']} ({minutes:.0f} min) | {j['verdict']} | {'; '.join(notes) or '-'} "
+                   f"| {beaten} |")
+    run = sum(counts.values())
     return "\n".join(out) + (f"\n\n{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided "
-                             f"(of {sum(counts.values())} run).")
+                             f"(of {run} with their seeds); {matrix_size() - run} of the matrix's {matrix_size()} "
+                             f"cells have no verdict yet ({running} of them running).")
+
+
+def matrix_size() -> int:
+    """Cells of the whole matrix: every workload at every rate and KV movement."""
+    from kvmesh.cluster.measure.benchmarks.policy_matrix import KV, RATES, WORKLOADS
+
+    return len(WORKLOADS) * len(RATES) * len(KV)
 
 
 def run_matrix(out: Path, cells: list[tuple[str, float, list[str]]], *, default: str, policies: list[str],
@@ -105,6 +127,7 @@ def run_matrix(out: Path, cells: list[tuple[str, float, list[str]]], *, default:
         raise SystemExit(f"{out} holds another comparison (default {data['default']}, policies {data['policies']}): "
                          "name another --out")
     data = data or {"default": default, "policies": policies, "replicas": replicas, "cells": {}}
+    data |= {"min_seeds": min_seeds, "max_seeds": max_seeds}
     t0 = time.perf_counter()
     for cap, (key, scale, kv_flags) in itertools.product((min_seeds, max_seeds), cells):
         cell = data["cells"].setdefault(key, {"seeds": {}, "wall_s": {}})
