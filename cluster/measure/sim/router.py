@@ -86,10 +86,8 @@ class SimRouter:
         self.tracker = self.router.loads
         self.policy_name = policy
         self.receipts = Receipts(block_size=self.block_size)
-        """Every request's receipt, completed with the cached tokens its replica found on admission; its live
-        ceiling's pool holds the replicas' blocks."""
-        fleet_blocks = sum(rep.num_blocks for rep in replicas)
-        self.receipts.ceiling.capacity_blocks = lambda: fleet_blocks
+        """Every request's receipt, completed with the cached tokens its replica found on admission (its live
+        ceiling's pool: the blocks the loop gives it, ``Simulation``)."""
         self._spread = random.Random(config.seed) if config.router_spread == "random" else None
         self.pools = ModelPools([], [])
         """Which base model each replica serves (sim/lora.py; set by the loop when the workload has several)."""
