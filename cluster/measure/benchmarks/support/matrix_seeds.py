@@ -87,7 +87,8 @@ def table(data: dict) -> str:
     running = 0
     for key, cell in data["cells"].items():
         seeds = [cell["seeds"][k] for k in sorted(cell["seeds"], key=int)]
-        if len(seeds) < 2:
+        if len(seeds) < 2:  # no interval yet
+            running += len(seeds)
             continue
         j = judge_cell(seeds, default)
         if len(seeds) < data.get("min_seeds", 2):  # not yet a verdict: the intervals so far
