@@ -109,3 +109,49 @@ def test_the_router_exports_the_ceiling_on_metrics_and_kvmesh_status_reads_it_ba
     assert figures["misses"] == {"stale_index": 0, "routed_away": 0, "evicted": 48, "no_reuse": 80}
     assert ceiling_line(figures).splitlines()[0] == (
         "single pool: hits 0.0% of the ceiling (one pool of 200 blocks: 37.5% of 128 prompt tokens);")
+
+
+def _runtime():
+    """What route_accounting reads of a running router: a KVRouter of two replicas that reported 101 blocks each."""
+    from types import SimpleNamespace
+
+    from kvmesh.replica.serving.load_report import LoadReport
+    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.routing.kv_router import KVRouter
+
+    router = KVRouter(block_size=16)
+    for rid in ("r0", "r1"):
+        router.add_replica(rid)
+        router.replicas.get(rid).load.update_report(LoadReport(
+            num_requests_running=0, num_requests_waiting=0, kv_cache_usage=0.0, num_waiting_prefill_tokens=0,
+            num_kv_blocks=101, block_size=16))
+    metrics = RouterMetrics()
+    return SimpleNamespace(config=RouterConfig(), router=router, metrics=metrics,
+                           receipt_metrics=ReceiptMetrics(metrics.registry, router.receipts))
+
+
+USAGE = b'{"usage": {"prompt_tokens": 64, "completion_tokens": 40, "prompt_tokens_details": {"cached_tokens": 0}}}'
+
+
+def test_an_answer_is_replayed_after_its_usage_chunk_leaves_with_its_output_blocks():
+    import asyncio
+
+    from kvmesh.router.http.route_accounting import report_cached
+
+    runtime = _runtime()
+    decision = runtime.router.route(list(range(64)))
+
+    async def answer() -> int:
+        report_cached(runtime, decision, USAGE)
+        before = runtime.router.receipts.ceiling.totals.requests  # not yet: scheduled after this chunk
+        await asyncio.sleep(0)
+        return before
+
+    assert asyncio.run(answer()) == 0
+    ceiling = runtime.router.receipts.ceiling
+    assert ceiling.totals.requests == 1 and ceiling.totals.prompt_tokens == 64
+    assert len(ceiling._ghost) == 7  # ceil((64 + 40) / 16) blocks: 4 of the prompt, 3 blanks of the output
+    report_cached(runtime, runtime.router.route(list(range(64))), USAGE)  # outside a loop: replayed at once
+    assert ceiling.totals.requests == 2 and ceiling.totals.ceiling_tokens == 48
