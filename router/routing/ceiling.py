@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ class CeilingTotals:
     """Prompt tokens the single pool would have had cached."""
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISS_KINDS, 0))
     """Missed prompt tokens by kind (``MISS_KINDS``)."""
+    replay_s: float = 0.0
+    """CPU seconds (of the observing thread) the replays took."""
 
     @property
     def share(self) -> float:
@@ -63,7 +66,8 @@ class CeilingTotals:
     def as_dict(self) -> dict:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "hit_tokens": self.hit_tokens,
                 "ceiling_tokens": self.ceiling_tokens, "ceiling_hit_rate": self.ceiling_hit_rate,
-                "share_of_ceiling": self.share, "miss_tokens": dict(self.misses)}
+                "share_of_ceiling": self.share, "miss_tokens": dict(self.misses),
+                "replay_us_per_request": 1e6 * self.replay_s / self.requests if self.requests else 0.0}
 
 
 def classify_misses(num_prompt_tokens: int, cached: int, predicted: int, best: int, seen: int) -> dict[str, int]:
@@ -101,8 +105,10 @@ class LiveCeiling:
         if capacity <= 0 or num_prompt_tokens <= 0:
             return
         with self._lock:
+            t0 = time.thread_time()
             ceiling, seen = self._replay(keys, num_prompt_tokens, num_output_tokens, capacity)
             t = self.totals
+            t.replay_s += time.thread_time() - t0
             t.requests += 1
             t.prompt_tokens += num_prompt_tokens
             t.hit_tokens += min(cached_tokens, num_prompt_tokens)

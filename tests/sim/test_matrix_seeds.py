@@ -44,7 +44,7 @@ def test_the_table_lists_a_failing_cell_with_its_intervals_and_counts_every_verd
     data = {"default": DEFAULT_POLICY, "cells": {"mooncake/2x/none": _cell([0.9] * 4) | {"wall_s": {"0": 120.0}},
                                                  "chatbot/2x/none": _cell([1.2] * 4),
                                                  "tool_agent/2x/none": _cell([1.0, 0.96, 1.04, 0.98])}}
-    lines = table(data).splitlines()
+    lines = table(data, 72).splitlines()
     assert lines[2] == ("| mooncake/2x/none | 4 (2 min) | fail | **dynamo TTFT mean +11.1% [+11.1, +11.1]** | 0/1 |")
     assert lines[3] == "| chatbot/2x/none | 4 (0 min) | pass | - | 1/1 |"
     assert lines[4].startswith("| tool_agent/2x/none | 4 (0 min) | undecided | dynamo TTFT mean +0.6% [")
@@ -52,7 +52,7 @@ def test_the_table_lists_a_failing_cell_with_its_intervals_and_counts_every_verd
     assert lines[-1] == ("1 cells pass, 1 fail, 1 undecided (of 3 with their seeds); 69 of the matrix's 72 cells "
                          "have no verdict yet (0 of them running).")
     data |= {"min_seeds": 10, "cells": {"chatbot/2x/none": _cell([1.2] * 4)}}
-    lines = table(data).splitlines()
+    lines = table(data, 72).splitlines()
     assert lines[2] == "| chatbot/2x/none | 4 (0 min) | pass so far (4 of 10 seeds) | - | 1/1 |"
     assert lines[-1].startswith("0 cells pass, 0 fail, 0 undecided (of 0 with their seeds); 72 of the matrix's 72 "
                                 "cells have no verdict yet (1 of them running).")
@@ -101,4 +101,4 @@ def test_one_real_cell_on_a_small_cut(tmp_path):
     assert sorted(seeds) == ["0", "1"] and sorted(seeds["0"]) == sorted([DEFAULT_POLICY, "sglang"])
     assert seeds["0"][DEFAULT_POLICY]["ttft_mean"] != seeds["1"][DEFAULT_POLICY]["ttft_mean"]  # arrivals redrawn
     assert 0 < seeds["0"][DEFAULT_POLICY]["good_share"] <= 1
-    assert "| mooncake/1x/none | 2 (" in table(json.loads(out.read_text()))
+    assert "| mooncake/1x/none | 2 (" in table(json.loads(out.read_text()), 72)

@@ -138,9 +138,10 @@ def lora_table(report: dict) -> str:
 
 
 def verdict_table(data: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.policy_matrix import KV, RATES, WORKLOADS
     from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import table
 
-    return table(data)
+    return table(data, len(WORKLOADS) * len(RATES) * len(KV))
 
 
 def replications_table(docs: list[dict]) -> str:

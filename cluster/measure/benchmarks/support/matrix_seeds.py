@@ -76,10 +76,10 @@ def seeds_to_run(cell: dict, default: str, min_seeds: int, max_seeds: int) -> in
     return next(k for k in range(max_seeds) if str(k) not in cell["seeds"])
 
 
-def table(data: dict) -> str:
+def table(data: dict, matrix_size: int) -> str:
     """A row per cell run: its seeds, its verdict (below ``min_seeds``: the verdict its seeds so far give, not
     counted), the pairs that fail or straddle with their intervals, and the peers' formulas it beats on a primary
-    metric; then the count."""
+    metric; then the count (of the ``matrix_size`` cells of the whole matrix)."""
     default, by_name = data["default"], {m.name: m for m in METRICS}
     out = ["| cell | seeds | verdict | rivals better beyond the margin, or straddling it (default - rival, 95% interval) "
            "| peers beaten |", "|---|---|---|---|---|"]
@@ -106,15 +106,9 @@ def table(data: dict) -> str:
                    f"| {beaten} |")
     run = sum(counts.values())
     return "\n".join(out) + (f"\n\n{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided "
-                             f"(of {run} with their seeds); {matrix_size() - run} of the matrix's {matrix_size()} "
+                             f"(of {run} with their seeds); {matrix_size - run} of the matrix's {matrix_size} "
                              f"cells have no verdict yet ({running} of them running).")
 
-
-def matrix_size() -> int:
-    """Cells of the whole matrix: every workload at every rate and KV movement."""
-    from kvmesh.cluster.measure.benchmarks.policy_matrix import KV, RATES, WORKLOADS
-
-    return len(WORKLOADS) * len(RATES) * len(KV)
 
 
 def run_matrix(out: Path, cells: list[tuple[str, float, list[str]]], *, default: str, policies: list[str],
