@@ -102,3 +102,15 @@ def test_one_real_cell_on_a_small_cut(tmp_path):
     assert seeds["0"][DEFAULT_POLICY]["ttft_mean"] != seeds["1"][DEFAULT_POLICY]["ttft_mean"]  # arrivals redrawn
     assert 0 < seeds["0"][DEFAULT_POLICY]["good_share"] <= 1
     assert "| mooncake/1x/none | 2 (" in table(json.loads(out.read_text()), 72)
+
+
+def test_the_table_merges_the_files_of_a_matrix_split_over_processes():
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import merged
+
+    one = {"default": DEFAULT_POLICY, "policies": [DEFAULT_POLICY, "dynamo"], "cells": {"a/2x/none": _cell([1.2] * 4)}}
+    other = one | {"cells": {"a/3x/none": _cell([0.9] * 4)}}
+    assert list(merged([one, other])["cells"]) == ["a/2x/none", "a/3x/none"]
+    with pytest.raises(ValueError, match="cells in two verdict files: a/2x/none"):
+        merged([one, one])
+    with pytest.raises(ValueError, match="different comparisons"):
+        merged([one, other | {"policies": [DEFAULT_POLICY]}])

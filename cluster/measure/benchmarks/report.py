@@ -16,7 +16,7 @@ a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
 one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved; ``verdict``: ``kvmesh bench policy_matrix
---seeds N``'s cells, a row each with its verdict over the seeds and the rivals that fail it or leave it undecided,
+--seeds N``'s cells (of one file or several runs' files), a row each with its verdict over the seeds and the rivals that fail it or leave it undecided,
 with their paired intervals). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
@@ -137,11 +137,11 @@ def lora_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def verdict_table(data: dict) -> str:
+def verdict_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.policy_matrix import KV, RATES, WORKLOADS
-    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import table
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import merged, table
 
-    return table(data, len(WORKLOADS) * len(RATES) * len(KV))
+    return table(merged(docs), len(WORKLOADS) * len(RATES) * len(KV))
 
 
 def replications_table(docs: list[dict]) -> str:
@@ -159,11 +159,11 @@ def queue_flood_table(docs: list[dict]) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
                                                "route_scaling": route_scaling_table, "lora": lora_table,
                                                "router_peers": router_peers_table, "fp8_kv_cache": fp8_kv_cache_table,
-                                               "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table,
-                                               "verdict": verdict_table}
+                                               "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table,
-                                                          "replications": replications_table}
+                                                          "replications": replications_table,
+                                                          "verdict": verdict_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 

@@ -76,6 +76,19 @@ def seeds_to_run(cell: dict, default: str, min_seeds: int, max_seeds: int) -> in
     return next(k for k in range(max_seeds) if str(k) not in cell["seeds"])
 
 
+def merged(docs: list[dict]) -> dict:
+    """The cells of several results files of one comparison (the matrix split over processes by ``--out``)."""
+    first, cells = docs[0], {}
+    for d in docs:
+        if (d["default"], d["policies"]) != (first["default"], first["policies"]):
+            raise ValueError(f"verdict files of different comparisons: policies {first['policies']} and "
+                             f"{d['policies']}")
+        if twice := set(cells) & set(d["cells"]):
+            raise ValueError(f"cells in two verdict files: {', '.join(sorted(twice))}")
+        cells |= d["cells"]
+    return first | {"cells": cells}
+
+
 def table(data: dict, matrix_size: int) -> str:
     """A row per cell run: its seeds, its verdict (below ``min_seeds``: the verdict its seeds so far give, not
     counted), the pairs that fail or straddle with their intervals, and the peers' formulas it beats on a primary
