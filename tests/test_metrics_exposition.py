@@ -7,10 +7,12 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+from kvmesh.router.routing.ceiling import MISS_KINDS
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
@@ -171,3 +173,31 @@ def test_the_grafana_dashboard_queries_only_exposed_series(scraped):
     for expr in exprs:
         for name in re.findall(r"\b((?:vllm:|kvmesh_)[a-zA-Z0-9_:]+)", expr):
             assert name in exposed, f"{name} (in {expr!r}) is not exported"
+
+
+def test_the_router_exports_its_live_single_pool_ceiling(pair):
+    """The ghost pool takes the replica's blocks from its /load; a prompt sent twice is a ceiling hit the second
+    time, and every prompt token is a reported hit or a miss of one kind."""
+    replica_url, router_url = pair
+    blocks = httpx.get(replica_url + "/load", headers=AUTH).json()["num_kv_blocks"]
+    deadline = time.monotonic() + 10
+    while value(httpx.get(router_url + "/metrics").text, "kvmesh_router_ceiling_capacity_blocks") != blocks - 1:
+        assert time.monotonic() < deadline, "the router never took the replica's blocks from its /load"
+        time.sleep(0.1)
+    before = httpx.get(router_url + "/metrics").text
+    body = {"prompt": "Once upon a time there was a little girl who lived in a village near the forest. " * 3,
+            "max_tokens": 4}
+    for _ in range(2):
+        r = httpx.post(router_url + "/v1/completions", json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 200, r.text
+    prompt = r.json()["usage"]["prompt_tokens"]
+    after = httpx.get(router_url + "/metrics").text
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("kvmesh_router_ceiling_prompt_tokens_total") == 2 * prompt
+    assert grew("kvmesh_router_ceiling_hit_tokens_total") == (prompt - 1) // 16 * 16  # the second: all but the last
+    missed = sum(grew("kvmesh_router_prompt_miss_tokens_total", kind=k) for k in MISS_KINDS)
+    assert missed == 2 * prompt - grew("kvmesh_router_ceiling_reported_hit_tokens_total")
+    assert 0 < value(after, "kvmesh_router_hit_share_of_ceiling") <= 1

@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.measure.sim.report import format_table, write_json
     from kvmesh.cluster.measure.sim.router import available_policies, default_policies
     from kvmesh.cluster.measure.sim.run import compare_policies, kv_transfer_variants
+    from kvmesh.cluster.measure.workloads.registry import ttft_slo_s
     from kvmesh.cluster.measure.workloads.traces import TraceError
 
     try:
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         moves = kv_transfer_variants(config) if compare.pd_compare else None
         report = compare_policies(records, config, policies, show_progress=not args.no_progress,
                                   with_ceilings=compare.ceilings, variants=variants(args.routers, compare.sessions, moves,
-                                                                    lora_variants(config, compare.adapter_affinity)))
+                                                                    lora_variants(config, compare.adapter_affinity)),
+                                  ttft_slo_s=ttft_slo_s("multi_turn" if w.synthetic else w.workload))
     except (TraceError, ValueError) as e:
         print(f"kvmesh sim: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,9 @@
 
 ROLE is prefill, decode or both; PULLS are the KV pulls a replica made from a peer (a prefill replica's hand-over,
 or a peer's prefix), with failed ones in brackets; MOVED the KV bytes it pulled; "-" where the replica has no
-KV transfer counters (a server of another kind, or its /metrics did not answer). Below, when the router admits
+KV transfer counters (a server of another kind, or its /metrics did not answer). Under the table, the live
+single-pool ceiling: the fleet's hits as a share of one pool of its blocks, and its misses by kind
+(cluster/ceiling_status.py). Below, when the router admits
 (router.admission), a row per tenant and priority: requests waiting in the router's queue now, that waited,
 admitted, answered 429 by reason, their time to first token (streams, queue included) and the tenant's tokens."""
 
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     import aiohttp
+    from kvmesh.cluster.ceiling_status import ceiling_figures, ceiling_line
     from kvmesh.cluster.router_client import RouterClient
     from kvmesh.cluster.tenant_status import format_tenants, tenant_rows
 
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     client = RouterClient(args.url, api_key=_api_key(args), admin_key=admin_key)
     try:
         rows = client.status()
-        tenants = tenant_rows(client.metrics_text())
+        text = client.metrics_text()
+        tenants, ceiling = tenant_rows(text), ceiling_figures(text)
         health = client.health()
         fleet = _fleet(client)
     except aiohttp.ClientResponseError as e:
@@ -71,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"router": args.url, "health": health, "fleet": fleet,
                           "replicas": [{**_row_dict(r), "hit_rate": r.hit_rate, "host_hit_rate": r.host_hit_rate}
                                        for r in rows],
-                          "tenants": [_row_dict(t) for t in tenants]}, indent=2))
+                          "tenants": [_row_dict(t) for t in tenants], "single_pool_ceiling": ceiling}, indent=2))
         return 0
     print(format_table(rows, args.url, health))
+    print(ceiling_line(ceiling))
     if tenants:
         print(format_tenants(tenants))
     if fleet:

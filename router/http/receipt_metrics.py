@@ -22,6 +22,7 @@ from ``Receipts`` (cluster-wide and per replica):
 
 from __future__ import annotations
 
+from kvmesh.router.http.ceiling_metrics import CeilingCollector
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -53,6 +54,7 @@ class ReceiptMetrics:
                                     "router's prediction for it (router/routing/cost/), per chosen replica",
                                     ["replica"], buckets=TTFT_RATIO_BUCKETS, registry=registry)
         registry.register(_RatioCollector(receipts))
+        registry.register(CeilingCollector(receipts.ceiling))  # the live single-pool ceiling (ceiling_metrics.py)
         self._children: dict[tuple, object] = {}
 
     def _child(self, metric: Counter | Histogram, *labels: str):

@@ -6,9 +6,11 @@ completed receipt is one JSON line on the ``kvmesh.router.access`` logger.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -21,6 +23,7 @@ access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _HOST_CACHED = re.compile(rb'"host_cached_tokens"\s*:\s*(\d+)')  # kvmesh replicas with a host tier
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 class Counted(Protocol):
@@ -51,7 +54,15 @@ def report_cached(runtime: Counted, decision: RouteDecision, chunk: bytes) -> No
     cached = int(found[-1])
     runtime.metrics.child(runtime.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
     host = _HOST_CACHED.findall(chunk) if b"host_cached_tokens" in chunk else None
-    receipt = runtime.router.receipts.record_actual(decision.receipt, cached, int(host[-1]) if host else None)
+    receipts = runtime.router.receipts
+    receipt = receipts.record_actual(decision.receipt, cached, int(host[-1]) if host else None)
     runtime.receipt_metrics.on_actual(receipt)
+    output = _COMPLETION.findall(chunk)
+    observe = partial(receipts.ceiling.observe, decision.keys, receipt.num_prompt_tokens,
+                      int(output[-1]) if output else 0, cached, receipt.predicted_hit_tokens, receipt.best_hit_tokens)
+    try:  # the live ceiling's replay runs after this chunk is on its way (router/routing/ceiling.py)
+        asyncio.get_running_loop().call_soon(observe)
+    except RuntimeError:  # no loop: a caller outside the server
+        observe()
     if runtime.config.access_log:
         access_log.info("%s", json.dumps(receipt.log_fields()))

@@ -54,6 +54,8 @@ class ReplicaLoad:
     """Host-to-device bandwidth the replica measured for its host tier (None: no tier or not reported)."""
     num_host_kv_blocks: int = 0
     """Blocks of the replica's host-memory tier, as reported (0: none)."""
+    num_kv_blocks: int = 0
+    """Blocks of the replica's KV cache, its null block included, as reported (0: not reported)."""
     host_kv_usage: float = 0.0
     """Fraction of the host tier holding content, as reported."""
     kv_transfer_enabled: bool = False
@@ -204,6 +206,7 @@ class ReplicaLoad:
             self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
             self.host_kv_usage, self.decode_step, self.lora = report.host_kv_cache_usage, report.decode_step, report.lora
             self.max_num_seqs, self.scheduling_policy = report.max_num_seqs, report.scheduling_policy
+            self.num_kv_blocks = report.num_kv_blocks
             self.reported_at = time.monotonic()
             return
         self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))

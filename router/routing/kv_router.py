@@ -75,7 +75,7 @@ class KVRouter:
         policy.use_replicas(self.replicas)
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
-        self.receipts = Receipts(self.replicas)
+        self.receipts = Receipts(self.replicas, block_size)
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
         self.events_applied = 0
         """Events applied from all replicas."""

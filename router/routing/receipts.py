@@ -26,13 +26,14 @@ and logs ``RouteReceipt.log_fields()`` in its access log. Nothing here does I/O 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_tokens
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.reuse import REASONS, ReuseTotals
+from kvmesh.router.routing.ceiling import LiveCeiling
 from kvmesh.router.routing.tier_matches import TierMatches
 
 __all__ = ["Receipts", "RouteReceipt"]
@@ -163,7 +164,7 @@ class RouteReceipt:
 class Receipts:
     """Aggregates completed receipts, cluster-wide and per replica (thread-safe)."""
 
-    def __init__(self, replicas: ReplicaSet | None = None) -> None:
+    def __init__(self, replicas: ReplicaSet | None = None, block_size: int = 16) -> None:
         """``replicas``: the router's set, whose records hold each replica's totals (``Replica.reuse``; a replica
         removed takes its totals with it); None: a set of its own, where a replica is registered when first named."""
         self.total = ReuseTotals()
@@ -171,11 +172,14 @@ class Receipts:
         self._adds = replicas is None
         self.replicas = ReplicaSet() if replicas is None else replicas
         self._lock = threading.Lock()
+        self.ceiling = LiveCeiling(block_size, lambda: fleet_kv_blocks(self.replicas))
+        """The single-pool ceiling of the requests completed with their keys, and their misses by kind."""
 
-    def record_actual(self, receipt: RouteReceipt, cached_tokens: int,
-                      host_cached_tokens: int | None = None) -> RouteReceipt:
+    def record_actual(self, receipt: RouteReceipt, cached_tokens: int, host_cached_tokens: int | None = None,
+                      keys: Sequence[int] | None = None, output_tokens: int = 0) -> RouteReceipt:
         """Complete ``receipt`` with the replica's reported ``cached_tokens`` (and the part of them from its
-        host tier, when it has one) and count it."""
+        host tier, when it has one) and count it; with the prompt's ``keys`` (and the answer's ``output_tokens``)
+        the live ceiling replays it too (``ceiling``)."""
         if cached_tokens < 0:
             raise ValueError(f"cached_tokens must be >= 0, got {cached_tokens}")
         receipt.actual_cached_tokens = cached_tokens
@@ -187,6 +191,9 @@ class Receipts:
                 replica = self.replicas.add(Replica(receipt.replica_id, healthy=True, state=READY))
             if replica is not None:
                 replica.reuse.add(receipt, cached_tokens)
+        if keys is not None:
+            self.ceiling.observe(keys, receipt.num_prompt_tokens, output_tokens, cached_tokens,
+                                 receipt.predicted_hit_tokens, receipt.best_hit_tokens)
         return receipt
 
     def summary(self) -> dict:
@@ -194,6 +201,11 @@ class Receipts:
         with self._lock:
             return {"cluster": self.total.as_dict(),
                     "replicas": {r.id: r.reuse.as_dict() for r in self.replicas if r.reuse.requests}}
+
+
+def fleet_kv_blocks(replicas: ReplicaSet) -> int:
+    """The usable KV blocks of the fleet, as its replicas last reported them (each less its null block)."""
+    return sum(max(0, r.load.num_kv_blocks - 1) for r in replicas)
 
 
 def route_receipt(replica_id: ReplicaId, tiers: TierMatches, loads: Mapping, num_tokens: int, session_id: str | None,

@@ -4,6 +4,11 @@ every other policy's and its TTFT p50 and p99 at most theirs?
     kvmesh bench policy_matrix --out results/policy_matrix.json          # every cell not in the file yet
     kvmesh bench policy_matrix --workloads mooncake --rates 2x --kv none  # a slice
     kvmesh bench policy_matrix --jitter 1e-4 --out results/policy_matrix_jitter_up.json   # every arrival 0.01% later
+    kvmesh bench policy_matrix --seeds 10 --max-seeds 20     # the verdict over arrival seeds: results/policy_verdict.json
+
+With ``--seeds N`` each cell runs the whole trace (no miniature) once per arrival seed, N seeds and more while its
+verdict is undecided (support/matrix_seeds.py, support/paired_verdict.py: paired differences default - rival with
+95% intervals against margins); the single-run cells below are the matrix without replications.
 
 A cell is one ``kvmesh sim`` process (``nice -n 10`` unless ``--nice``, 16 replicas, ``--miniature 8``, no ceilings) over every
 registered policy: a workload (the shared traces whole, and generated ones), a rate (``--time-scale`` 1, 1/2, 1/3),
@@ -145,7 +150,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--nice", type=int, default=10, help="niceness of each cell's process")
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="relative change of every cell's time scale (1e-4: every arrival time 0.01%% later)")
+    ap.add_argument("--seeds", type=int, default=None,
+                    help="arrival seeds per cell: the verdict over replications (results/policy_verdict.json)")
+    ap.add_argument("--max-seeds", type=int, default=20, help="with --seeds: most seeds an undecided cell gets")
+    ap.add_argument("--policies", default=None, help="with --seeds: the policies compared (default: the headline's)")
+    ap.add_argument("--timeout-s", type=float, default=7200.0, help="with --seeds: most seconds of one seed's run")
     args = ap.parse_args(argv)
+    if args.seeds is not None:
+        return _run_seeds(args)
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
     if data and data.get("jitter", 0.0) != args.jitter:
@@ -170,6 +182,24 @@ def main(argv: list[str] | None = None) -> None:
                 out.write_text(json.dumps({"default": DEFAULT_POLICY, "replicas": args.replicas,
                                            "miniature": args.miniature, "jitter": args.jitter, "cells": cells},
                                           indent=1) + "\n")
+
+
+def _run_seeds(args: argparse.Namespace) -> None:
+    from kvmesh.cluster.measure.benchmarks.headline import POLICIES
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import run_matrix
+
+    if args.seeds < 2 or args.max_seeds < args.seeds:
+        raise SystemExit(f"--seeds needs at least 2 and --max-seeds at least --seeds; got {args.seeds}, "
+                         f"{args.max_seeds}")
+    out = Path("results/policy_verdict.json" if args.out == "results/policy_matrix.json" else args.out)
+    cells = [(f"{w}/{rate}/{kv}", RATES[rate], KV[kv]) for rate in args.rates.split(",")
+             for kv in args.kv.split(",") for w in args.workloads.split(",")]
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    if policies[0] != DEFAULT_POLICY:
+        raise SystemExit(f"--policies must name the default ({DEFAULT_POLICY}) first; got {policies[0]}")
+    run_matrix(out, cells, default=DEFAULT_POLICY, policies=policies, min_seeds=args.seeds,
+               max_seeds=args.max_seeds, replicas=args.replicas, niceness=args.nice, timeout_s=args.timeout_s,
+               budget_s=args.budget_s)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``multi_router``: ``kvmesh bench multi-router``'s runs through
 one router, spread over several and with one killed; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
 one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
-moved a little, the cells each meets and how far each policy's TTFT moved). A FILE with ``*`` names every file it matches, in name order
+moved a little, the cells each meets and how far each policy's TTFT moved; ``verdict``: ``kvmesh bench policy_matrix
+--seeds N``'s cells (of one file or several runs' files), a row each with its verdict over the seeds and the rivals that fail it or leave it undecided,
+with their paired intervals). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
     kvmesh bench report            # rewrite every table from its file
@@ -143,6 +145,13 @@ def lora_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def verdict_table(docs: list[dict]) -> str:
+    from kvmesh.cluster.measure.benchmarks.policy_matrix import KV, RATES, WORKLOADS
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import merged, table
+
+    return table(merged(docs), len(WORKLOADS) * len(RATES) * len(KV))
+
+
 def replications_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.headline import table
 
@@ -169,7 +178,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matri
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table,
                                                           "replications": replications_table,
-                                                          "routers_published": routers_published_table}
+                                                          "routers_published": routers_published_table,
+                                                          "verdict": verdict_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 

@@ -46,6 +46,12 @@ def is_good(req: SimRequest) -> bool:
             and (req.itl_target_s is None or tpot_s(req) <= req.itl_target_s))
 
 
+def ttft_slo_summary(requests: Sequence[SimRequest], slo_s: float) -> dict:
+    """The share of the offered requests served with a TTFT of at most ``slo_s`` (shed ones count as missed)."""
+    good = sum(1 for r in requests if r.shed_reason is None and r.finished_s >= 0 and ttft_s(r) <= slo_s)
+    return {"slo_s": slo_s, "good_share": good / len(requests) if requests else 0.0}
+
+
 def arrival_window_s(requests: Sequence[SimRequest]) -> float:
     """First to last arrival (1 s when they all arrive at once, so a rate stays a count)."""
     if not requests:

@@ -130,6 +130,7 @@ class Simulation:
         """Replica id (``str`` of its index, as the router knows it) -> the replica."""
         self.router = SimRouter(policy, config, self.replicas)
         self.router.pools = ModelPools.of(requests, [r.replica_id for r in self.replicas if r.role != "prefill"])
+        self.router.receipts.ceiling.capacity_blocks = lambda: blocks_per_replica * len(self.replicas)  # live ceiling
         self.policy = policy
         self._heap: list[tuple[float, int, int, Payload]] = []
         self._order = itertools.count()

@@ -106,6 +106,7 @@ def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
         if router.apply_s > 0 else 0.0,
         "receipts": {"captured_ratio": receipts.captured_ratio, "mispredicted_rate": receipts.mispredicted_rate,
                      "available_tokens": receipts.available_tokens, "reasons": dict(receipts.reasons)},
+        "live_ceiling": router.receipts.ceiling.summary(),
     }
     out["transfers"] = transfer_summary(run)
     if has_targets(offered):

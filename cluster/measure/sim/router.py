@@ -86,8 +86,9 @@ class SimRouter:
         self.index = self.router.index
         self.tracker = self.router.loads
         self.policy_name = policy
-        self.receipts = Receipts()
-        """Every request's receipt, completed with the cached tokens its replica found on admission."""
+        self.receipts = Receipts(block_size=self.block_size)
+        """Every request's receipt, completed with the cached tokens its replica found on admission (its live
+        ceiling's pool: the blocks the loop gives it, ``Simulation``)."""
         self._spread = random.Random(config.seed) if config.router_spread == "random" else None
         self.pools = ModelPools([], [])
         """Which base model each replica serves (sim/lora.py; set by the loop when the workload has several)."""
@@ -186,8 +187,10 @@ class SimRouter:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
                 tracker.on_first_output(rid, self._uncached(r))
-            self.receipts.record_actual(r.receipt, r.own_cached_tokens)  # the prediction was of its own pool
             decision = self.decisions.pop(r.request_id, None)
+            self.receipts.record_actual(r.receipt, r.own_cached_tokens,  # the prediction was of its own pool
+                                        keys=None if decision is None else decision.keys,
+                                        output_tokens=r.max_output_tokens)
             if decision is not None:  # the router learns its correction from the TTFT it observes
                 self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, fields, replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig, cache_bytes_per_token
-from kvmesh.cluster.measure.sim.goodput import label_requests
+from kvmesh.cluster.measure.sim.goodput import label_requests, ttft_slo_summary
 from kvmesh.cluster.measure.sim.loop import SimRun, run_policy
 from kvmesh.cluster.measure.sim.lora import lora_summary, with_adapters
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
@@ -51,12 +51,13 @@ def offload_blocks_per_replica(config: SimConfig, records: list[MooncakeRecord])
 
 def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies: list[str],
                      show_progress: bool = True, with_ceilings: bool = True,
-                     variants: dict[str, dict] | None = None) -> dict:
+                     variants: dict[str, dict] | None = None, ttft_slo_s: float | None = None) -> dict:
     """Simulate every policy on ``records``; returns the JSON-ready report.
 
     ``variants`` runs each policy once per entry, label suffix -> ``SimConfig`` fields to change
     (e.g. ``{" 1 router": {"num_routers": 1}, " 4 routers": {"num_routers": 4}}``); the report
-    names each run ``policy + suffix``. Default: one run per policy with ``config`` as given.
+    names each run ``policy + suffix``. Default: one run per policy with ``config`` as given. With ``ttft_slo_s``
+    each run reports its ``ttft_slo``: the share of requests whose TTFT met it.
     """
     from tqdm import tqdm
 
@@ -107,6 +108,8 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
                   leave=False) as bar:
             run = run_policy(name, fresh(cfg.time_scale), cfg, per_replica, tokens, progress=bar.update)
         summary = summarize(run, pool_hits) | lora_summary(run.requests, [rep.lora for rep in run.replicas])
+        if ttft_slo_s is not None:
+            summary["ttft_slo"] = ttft_slo_summary(run.requests, ttft_slo_s)
         if cfg.load_poll_s != config.load_poll_s:
             summary["load_poll_s"] = cfg.load_poll_s
         ceiling = report["ceilings"].get("single_pool_hit_rate")

@@ -76,6 +76,20 @@ def register(name: str, *, conversation: bool, real_lengths: bool = False, trace
     return add
 
 
+TTFT_SLO_S: dict[str, float] = {"mooncake": 2.0, "azure": 0.5, "azure_conv": 0.5, "azure_code": 0.5,
+                                 "tool_agent": 10.0, "multi_turn": 1.0, "chatbot": 1.0, "rag": 1.0, "random": 1.0,
+                                 "lora": 1.0}
+"""The one table of each workload's time-to-first-token target, in seconds, that goodput counts requests against
+(``kvmesh sim``'s ``ttft_slo`` per run, the policy verdict's goodput): 0.5 s for the Azure traces' chat and code
+prompts (a few thousand tokens), 1 s for the generated chats (16k-token prompts), 2 s for Mooncake's long contexts,
+10 s for an agent's tool steps (no person waits on each)."""
+
+
+def ttft_slo_s(name: str) -> float | None:
+    """The TTFT target of workload ``name`` (None: it has none)."""
+    return TTFT_SLO_S.get(name)
+
+
 def workload_names() -> tuple[str, ...]:
     return tuple(WORKLOADS)
 

@@ -1,0 +1,152 @@
+"""The policy matrix over arrival seeds (``kvmesh bench policy_matrix --seeds N``): per cell, one whole-trace
+``kvmesh sim --arrival-seed K`` run per seed over the default, the peers' formulas and the baselines; the verdict of
+``paired_verdict`` per cell, with more seeds (up to ``--max-seeds``) while a cell is undecided.
+
+Each seed's per-policy figures are written to the results file as it finishes (the runs resume); the verdict is
+recomputed from them by ``kvmesh bench report`` (its ``verdict`` kind, ``table``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks.support.paired_verdict import (
+    FAIL,
+    METRICS,
+    PASS,
+    UNDECIDED,
+    judge_cell,
+)
+
+PEERS = ("dynamo", "llmd", "llmd_precise", "sglang")
+"""The peers' formulas: the default should beat each beyond the margin on a primary metric at 2x and 3x."""
+
+
+def figures(report: dict) -> dict[str, dict[str, float]]:
+    """A ``kvmesh sim`` report's per-policy figures the verdict reads (with a host tier: the runs with the tier)."""
+    out = {}
+    for name, p in report["policies"].items():
+        if name.endswith("/no-tier"):
+            continue
+        if "hit_rate_vs_single_pool" not in p or "ttft_slo" not in p:
+            raise ValueError(f"{name}: the report lacks the single-pool ceiling or the workload's TTFT SLO")
+        out[name.removesuffix("/host-tier")] = {
+            "hit_share": p["hit_rate_vs_single_pool"], "ttft_mean": p["ttft_s"]["mean"],
+            "good_share": p["ttft_slo"]["good_share"], "ttft_p50": p["ttft_s"]["p50"], "ttft_p99": p["ttft_s"]["p99"]}
+    return out
+
+
+def sim_command(workload: str, time_scale: float, kv_flags: list[str], seed: int, policies: list[str],
+                replicas: int) -> list[str]:
+    """The ``kvmesh sim`` arguments of one seed of one cell (the whole trace, ceilings on)."""
+    return ["sim", "--workload", workload, "--num-replicas", str(replicas), "--time-scale", f"{time_scale:.6g}",
+            "--arrival-seed", str(seed), "--policies", ",".join(policies), "--no-plot", "--no-progress", *kv_flags]
+
+
+def run_seed(args: list[str], niceness: int, timeout_s: float) -> tuple[dict, float]:
+    """One ``kvmesh sim`` process (at ``niceness``): its figures and wall seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "sim.json"
+        cmd = ["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", *args, "--out", str(out)]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy(), timeout=timeout_s)
+        return figures(json.loads(out.read_text())), time.perf_counter() - t0
+
+
+def cell_state(cell: dict, default: str) -> str | None:
+    """The cell's verdict from its seeds so far (None: none run)."""
+    seeds = [cell["seeds"][k] for k in sorted(cell["seeds"], key=int)]
+    return judge_cell(seeds, default)["verdict"] if len(seeds) >= 2 else None
+
+
+def seeds_to_run(cell: dict, default: str, min_seeds: int, max_seeds: int) -> int | None:
+    """The next seed a cell needs: below ``min_seeds``, or while undecided below ``max_seeds`` (None: done)."""
+    have = len(cell["seeds"])
+    if have < min_seeds:
+        return next(k for k in range(max_seeds) if str(k) not in cell["seeds"])
+    if have >= max_seeds or cell_state(cell, default) != UNDECIDED:
+        return None
+    return next(k for k in range(max_seeds) if str(k) not in cell["seeds"])
+
+
+def merged(docs: list[dict]) -> dict:
+    """The cells of several results files of one comparison (the matrix split over processes by ``--out``)."""
+    first, cells = docs[0], {}
+    for d in docs:
+        if (d["default"], d["policies"]) != (first["default"], first["policies"]):
+            raise ValueError(f"verdict files of different comparisons: policies {first['policies']} and "
+                             f"{d['policies']}")
+        if twice := set(cells) & set(d["cells"]):
+            raise ValueError(f"cells in two verdict files: {', '.join(sorted(twice))}")
+        cells |= d["cells"]
+    return first | {"cells": cells}
+
+
+def table(data: dict, matrix_size: int) -> str:
+    """A row per cell run: its seeds, its verdict (below ``min_seeds``: the verdict its seeds so far give, not
+    counted), the pairs that fail or straddle with their intervals, and the peers' formulas it beats on a primary
+    metric; then the count (of the ``matrix_size`` cells of the whole matrix)."""
+    default, by_name = data["default"], {m.name: m for m in METRICS}
+    out = ["| cell | seeds | verdict | rivals better beyond the margin, or straddling it (default - rival, 95% interval) "
+           "| peers beaten |", "|---|---|---|---|---|"]
+    counts = {PASS: 0, FAIL: 0, UNDECIDED: 0}
+    running = 0
+    for key, cell in data["cells"].items():
+        seeds = [cell["seeds"][k] for k in sorted(cell["seeds"], key=int)]
+        if len(seeds) < 2:  # no interval yet
+            running += len(seeds)
+            continue
+        j = judge_cell(seeds, default)
+        if len(seeds) < data.get("min_seeds", 2):  # not yet a verdict: the intervals so far
+            running += 1
+            j["verdict"] = f"{j['verdict']} so far ({len(seeds)} of {data['min_seeds']} seeds)"
+        else:
+            counts[j["verdict"]] += 1
+        notes = [f"{'**' if v == FAIL else ''}{rival} {by_name[m].label} {j['diffs'][rival][m].describe(by_name[m])}"
+                 f"{'**' if v == FAIL else ' (undecided)'}"
+                 for rival, per in j["pairs"].items() for m, v in per.items() if v != PASS]
+        peers = [p for p in PEERS if p in j["pairs"]]
+        beaten = f"{sum(p in j['beaten'] for p in peers)}/{len(peers)}" if peers else "-"
+        minutes = sum(cell["wall_s"].values()) / 60
+        out.append(f"| {key} | {j['seeds']} ({minutes:.0f} min) | {j['verdict']} | {'; '.join(notes) or '-'} "
+                   f"| {beaten} |")
+    run = sum(counts.values())
+    return "\n".join(out) + (f"\n\n{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided "
+                             f"(of {run} with their seeds); {matrix_size - run} of the matrix's {matrix_size} "
+                             f"cells have no verdict yet ({running} of them running).")
+
+
+
+def run_matrix(out: Path, cells: list[tuple[str, float, list[str]]], *, default: str, policies: list[str],
+               min_seeds: int, max_seeds: int, replicas: int, niceness: int, timeout_s: float,
+               budget_s: float | None) -> None:
+    """Run ``cells`` ((key, time scale, kv flags) each, in order) to ``min_seeds`` each, then the undecided ones on
+    to ``max_seeds`` (every cell gets its verdict before any gets extra seeds), writing ``out`` after every seed;
+    stop starting seeds after ``budget_s``."""
+    data = json.loads(out.read_text()) if out.exists() else {}
+    if data and (data["default"], data["policies"]) != (default, policies):
+        raise SystemExit(f"{out} holds another comparison (default {data['default']}, policies {data['policies']}): "
+                         "name another --out")
+    data = data or {"default": default, "policies": policies, "replicas": replicas, "cells": {}}
+    data |= {"min_seeds": min_seeds, "max_seeds": max_seeds}
+    t0 = time.perf_counter()
+    for cap, (key, scale, kv_flags) in itertools.product((min_seeds, max_seeds), cells):
+        cell = data["cells"].setdefault(key, {"seeds": {}, "wall_s": {}})
+        while (seed := seeds_to_run(cell, default, min_seeds, cap)) is not None:
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                print(f"budget spent: {key} seed {seed} and what follows not run", flush=True)
+                return
+            args = sim_command(key.split("/")[0], scale, kv_flags, seed, policies, replicas)
+            cell["command"] = "kvmesh " + " ".join(args).replace(f"--arrival-seed {seed}", "--arrival-seed K")
+            cell["seeds"][str(seed)], wall = run_seed(args, niceness, timeout_s)
+            cell["wall_s"][str(seed)] = round(wall, 1)
+            print(f"{key} seed {seed}: {wall:.0f} s; verdict so far: {cell_state(cell, default)}", flush=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(data, indent=1) + "\n")

@@ -1,0 +1,116 @@
+"""``kvmesh bench policy_matrix --seeds N``: seeds per cell, more while a cell is undecided, the figures a seed
+keeps, the table ``kvmesh bench report`` makes of them; and one real cell on a small cut, end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvmesh.cluster.measure.benchmarks import policy_matrix
+from kvmesh.cluster.measure.benchmarks.support import matrix_seeds
+from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import figures, run_matrix, seeds_to_run, table
+from kvmesh.router.routing.policies import DEFAULT_POLICY
+
+BASE = {"hit_share": 0.9, "ttft_mean": 1.0, "good_share": 0.8, "ttft_p50": 0.5, "ttft_p99": 4.0}
+
+
+def _seed(rival_mean: float) -> dict[str, dict[str, float]]:
+    return {DEFAULT_POLICY: dict(BASE), "dynamo": BASE | {"ttft_mean": rival_mean}}
+
+
+def _cell(rival_means: list[float]) -> dict:
+    return {"seeds": {str(k): _seed(m) for k, m in enumerate(rival_means)}, "wall_s": {}}
+
+
+def test_a_cell_gets_its_minimum_then_more_only_while_undecided():
+    assert seeds_to_run(_cell([1.0] * 3), DEFAULT_POLICY, 4, 6) == 3
+    assert seeds_to_run(_cell([1.2] * 4), DEFAULT_POLICY, 4, 6) is None  # the default 17% faster every seed: pass
+    assert seeds_to_run(_cell([0.9] * 4), DEFAULT_POLICY, 4, 6) is None  # 11% slower every seed: fail, settled
+    straddling = [1.0, 0.96, 1.04, 0.98]  # mean TTFT differences spread across the 2% margin
+    assert seeds_to_run(_cell(straddling), DEFAULT_POLICY, 4, 6) == 4
+    assert seeds_to_run(_cell(straddling + [1.02, 0.97]), DEFAULT_POLICY, 4, 6) is None  # at the cap
+
+
+def test_the_figures_of_a_seed_come_from_the_sim_report():
+    p = {"hit_rate_vs_single_pool": 0.95, "ttft_s": {"mean": 1.5, "p50": 0.2, "p99": 9.0},
+         "ttft_slo": {"slo_s": 2.0, "good_share": 0.85}}
+    got = figures({"policies": {"a/host-tier": p, "a/no-tier": p | {"hit_rate_vs_single_pool": 0.1}}})
+    assert got == {"a": {"hit_share": 0.95, "ttft_mean": 1.5, "good_share": 0.85, "ttft_p50": 0.2, "ttft_p99": 9.0}}
+    with pytest.raises(ValueError, match="lacks the single-pool ceiling or the workload's TTFT SLO"):
+        figures({"policies": {"a": {"ttft_s": {}}}})
+
+
+def test_the_table_lists_a_failing_cell_with_its_intervals_and_counts_every_verdict():
+    data = {"default": DEFAULT_POLICY, "cells": {"mooncake/2x/none": _cell([0.9] * 4) | {"wall_s": {"0": 120.0}},
+                                                 "chatbot/2x/none": _cell([1.2] * 4),
+                                                 "tool_agent/2x/none": _cell([1.0, 0.96, 1.04, 0.98])}}
+    lines = table(data, 72).splitlines()
+    assert lines[2] == ("| mooncake/2x/none | 4 (2 min) | fail | **dynamo TTFT mean +11.1% [+11.1, +11.1]** | 0/1 |")
+    assert lines[3] == "| chatbot/2x/none | 4 (0 min) | pass | - | 1/1 |"
+    assert lines[4].startswith("| tool_agent/2x/none | 4 (0 min) | undecided | dynamo TTFT mean +0.6% [")
+    assert lines[4].endswith("(undecided) | 0/1 |")
+    assert lines[-1] == ("1 cells pass, 1 fail, 1 undecided (of 3 with their seeds); 69 of the matrix's 72 cells "
+                         "have no verdict yet (0 of them running).")
+    data |= {"min_seeds": 10, "cells": {"chatbot/2x/none": _cell([1.2] * 4)}}
+    lines = table(data, 72).splitlines()
+    assert lines[2] == "| chatbot/2x/none | 4 (0 min) | pass so far (4 of 10 seeds) | - | 1/1 |"
+    assert lines[-1].startswith("0 cells pass, 0 fail, 0 undecided (of 0 with their seeds); 72 of the matrix's 72 "
+                                "cells have no verdict yet (1 of them running).")
+
+
+def test_run_matrix_writes_each_seed_and_extends_an_undecided_cell(tmp_path, monkeypatch):
+    means = iter([1.0, 0.96, 1.04, 0.98, 1.02, 0.97, 1.2, 1.2])
+    ran = []
+
+    def fake_seed(args, niceness, timeout_s):
+        ran.append(args[args.index("--arrival-seed") + 1])
+        return _seed(next(means)), 1.0
+
+    monkeypatch.setattr(matrix_seeds, "run_seed", fake_seed)
+    out = tmp_path / "v.json"
+    run_matrix(out, [("chatbot/2x/none", 0.5, [])], default=DEFAULT_POLICY, policies=[DEFAULT_POLICY, "dynamo"],
+               min_seeds=4, max_seeds=6, replicas=16, niceness=0, timeout_s=10.0, budget_s=None)
+    assert ran == ["0", "1", "2", "3", "4", "5"]
+    cell = json.loads(out.read_text())["cells"]["chatbot/2x/none"]
+    assert cell["command"].startswith("kvmesh sim --workload chatbot --num-replicas 16 --time-scale 0.5 "
+                                      "--arrival-seed K --policies cache_aware_tokens,dynamo")
+    with pytest.raises(SystemExit, match="another comparison"):
+        run_matrix(out, [], default=DEFAULT_POLICY, policies=[DEFAULT_POLICY], min_seeds=4, max_seeds=6,
+                   replicas=16, niceness=0, timeout_s=10.0, budget_s=None)
+
+
+def test_the_seeds_flags_reach_the_runner(tmp_path, monkeypatch):
+    got = {}
+    monkeypatch.setattr(matrix_seeds, "run_matrix", lambda out, cells, **kw: got.update(out=out, cells=cells, **kw))
+    policy_matrix.main(["--seeds", "10", "--workloads", "mooncake", "--rates", "2x,3x", "--kv", "none",
+                        "--policies", f"{DEFAULT_POLICY},sglang", "--out", str(tmp_path / "v.json")])
+    assert [key for key, _, _ in got["cells"]] == ["mooncake/2x/none", "mooncake/3x/none"]
+    assert (got["min_seeds"], got["max_seeds"], got["policies"]) == (10, 20, [DEFAULT_POLICY, "sglang"])
+    with pytest.raises(SystemExit, match="must name the default"):
+        policy_matrix.main(["--seeds", "10", "--policies", "sglang", "--out", str(tmp_path / "v.json")])
+
+
+def test_one_real_cell_on_a_small_cut(tmp_path):
+    """``kvmesh sim`` processes for real (a 300-request cut of Mooncake on 4 replicas, 2 seeds): figures for every
+    policy."""
+    out = tmp_path / "v.json"
+    run_matrix(out, [("mooncake/1x/none", 1.0, ["--limit", "300"])], default=DEFAULT_POLICY,
+               policies=[DEFAULT_POLICY, "sglang"], min_seeds=2, max_seeds=2, replicas=4, niceness=0,
+               timeout_s=300.0, budget_s=None)
+    seeds = json.loads(out.read_text())["cells"]["mooncake/1x/none"]["seeds"]
+    assert sorted(seeds) == ["0", "1"] and sorted(seeds["0"]) == sorted([DEFAULT_POLICY, "sglang"])
+    assert seeds["0"][DEFAULT_POLICY]["ttft_mean"] != seeds["1"][DEFAULT_POLICY]["ttft_mean"]  # arrivals redrawn
+    assert 0 < seeds["0"][DEFAULT_POLICY]["good_share"] <= 1
+    assert "| mooncake/1x/none | 2 (" in table(json.loads(out.read_text()), 72)
+
+
+def test_the_table_merges_the_files_of_a_matrix_split_over_processes():
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import merged
+
+    one = {"default": DEFAULT_POLICY, "policies": [DEFAULT_POLICY, "dynamo"], "cells": {"a/2x/none": _cell([1.2] * 4)}}
+    other = one | {"cells": {"a/3x/none": _cell([0.9] * 4)}}
+    assert list(merged([one, other])["cells"]) == ["a/2x/none", "a/3x/none"]
+    with pytest.raises(ValueError, match="cells in two verdict files: a/2x/none"):
+        merged([one, one])
+    with pytest.raises(ValueError, match="different comparisons"):
+        merged([one, other | {"policies": [DEFAULT_POLICY]}])
