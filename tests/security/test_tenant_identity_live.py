@@ -237,9 +237,9 @@ def engines(stories_path):
             engine, seen[policy] = rt.llm.engine, []
             add = engine.add_request
 
-            def record(*args, _add=add, _seen=seen[policy], **kw):
-                _seen.append(kw.get("priority", 0))
-                return _add(*args, **kw)
+            def record(engine_request, _add=add, _seen=seen[policy]):
+                _seen.append(engine_request.priority)
+                return _add(engine_request)
 
             engine.add_request = record
         yield runtimes, seen

@@ -119,7 +119,7 @@ async def _progress(driver: overload_load.Driver, every_s: float, state: dict) -
 async def drive(args, driver: overload_load.Driver, cluster: Cluster | None, info: dict) -> None:
     """Run the phases; what is measured besides the records goes into ``info`` as it is known."""
     keys = load_tenant_keys(args.tenant_key, args.keys_file)
-    light, flood, high = (overload_load.Tenant(u, keys.get(u)) for u in (args.light_user, args.flood_user, args.high_user))
+    light, flood, high = (overload_load.LoadTenant(u, keys.get(u)) for u in (args.light_user, args.flood_user, args.high_user))
     prio = None if args.priority_in == "none" else args.priority_in
     hi_p, lo_p = (args.high_priority, args.low_priority) if prio else (None, None)
     state = {"phase": "warmup"}

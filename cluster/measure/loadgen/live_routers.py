@@ -120,15 +120,27 @@ def running_router(cmd: list[str], label: str, timeout_s: float = 120.0) -> Iter
 def reset_prefix_caches(replicas: tuple[ReplicaSpec, ...], admin_key: str | None) -> None:
     """Every replica's prefix cache emptied (``POST /reset_prefix_cache``, the admin plane); a ValueError naming
     the replica that refuses."""
-    import httpx
+    for s in replicas:
+        status, text = _call(s.url + "/reset_prefix_cache", admin_key, method="POST")
+        if status in (401, 403):
+            raise ValueError(f"{s.url}/reset_prefix_cache refused ({status}): pass --admin-key")
+        if status != 200:
+            raise ValueError(f"{s.url}/reset_prefix_cache answered {status}: {text[:200]}")
+
+
+def _call(url: str, admin_key: str | None, method: str = "GET") -> tuple[int, str]:
+    """(status, body text) of one admin-plane call (the standard library's client: the package uses aiohttp only
+    on its event loops)."""
+    import urllib.error
+    import urllib.request
 
     headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-    for s in replicas:
-        r = httpx.post(s.url + "/reset_prefix_cache", headers=headers, timeout=30)
-        if r.status_code in (401, 403):
-            raise ValueError(f"{s.url}/reset_prefix_cache refused ({r.status_code}): pass --admin-key")
-        if r.status_code != 200:
-            raise ValueError(f"{s.url}/reset_prefix_cache answered {r.status_code}: {r.text[:200]}")
+    req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
 
 
 COUNTERS = {"vllm:request_success_total": "requests", "vllm:prefix_cache_queries_total": "prefix_cache_queries",
@@ -138,13 +150,10 @@ COUNTERS = {"vllm:request_success_total": "requests", "vllm:prefix_cache_queries
 
 def replica_counters(replicas: tuple[ReplicaSpec, ...], admin_key: str | None) -> list[dict[str, float]]:
     """Each replica's counters now (``COUNTERS``, summed over their labels), in the fleet's order."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     out = []
     for s in replicas:
         counts = dict.fromkeys(COUNTERS.values(), 0.0)
-        for line in httpx.get(s.url + "/metrics", headers=headers, timeout=30).text.splitlines():
+        for line in _call(s.url + "/metrics", admin_key)[1].splitlines():
             name = line.split("{", 1)[0].split(" ", 1)[0]  # NAME{labels} VALUE, or NAME VALUE
             if name in COUNTERS:
                 counts[COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
