@@ -35,6 +35,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -167,6 +168,23 @@ def table(result: dict) -> str:
         f"that failed through the routers not killed: {kill['failed_through_others']}.")
 
 
+def _started_serve(address: str, model: str, args: argparse.Namespace, work: Path) -> PlacedServe:
+    """``kvmesh serve`` ready on the nodes; started once more when its first start fails (a loaded machine can miss
+    a start-up deadline, as Ray's own raylet registration can), the first failure printed."""
+    for attempt in (1, 2):
+        (work / f"start-{attempt}").mkdir()
+        serve = PlacedServe(address, model, args.replicas, args.routers, work / f"start-{attempt}")
+        try:
+            serve.wait_ready(args.ready_timeout_s)
+            return serve
+        except RuntimeError as e:
+            serve.stop()
+            if attempt == 2:
+                raise
+            print(f"kvmesh bench multi-router: serve did not start; starting it once more:\n{e}", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def run(args: argparse.Namespace) -> dict:
     import ray
 
@@ -178,8 +196,7 @@ def run(args: argparse.Namespace) -> dict:
     serve = None
     try:
         with tempfile.TemporaryDirectory(prefix="kvmesh-multi-router-") as work:
-            serve = PlacedServe(nodes.address, model, args.replicas, args.routers, Path(work))
-            serve.wait_ready(args.ready_timeout_s)
+            serve = _started_serve(nodes.address, model, args, Path(work))
             ray.init(address=nodes.address, namespace=NAMESPACE, log_to_driver=False)
             views = RouterViews(serve, args.replicas)
             views.refresh()
