@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.engine.request_queue import create_request_queue, priority_key
+from kvmesh.replica.engine.scheduled_chunk import scheduled_chunk
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ class Scheduler:
                 if not self._allocate_or_preempt(request, 1 + len(drafts)):
                     break  # the request itself was preempted (it was the newest)
                 budget -= 1 + len(drafts)
-                scheduled.append(self.drafter.attach(self._schedule_chunk(request, 1, drafts)))
+                scheduled.append(self.drafter.attach(scheduled_chunk(request, 1, drafts)))
                 continue
             if request.decoding_in_runner and num_tokens == computed + 1:
                 budget -= 1
@@ -161,7 +162,7 @@ class Scheduler:
             if not self._allocate_or_preempt(request, num_new):
                 budget += num_new
                 break  # the request itself was preempted (it was the newest)
-            scheduled.append(self._schedule_chunk(request, num_new))
+            scheduled.append(scheduled_chunk(request, num_new))
         if self.num_preemptions == num_preemptions:  # no room was short: admit new work
             budget = self._schedule_waiting(scheduled, budget)
         out = SchedulerOutput(
@@ -256,7 +257,7 @@ class Scheduler:
                 if kv.offload is not None:  # the part past the device prefix comes from the host tier
                     request.num_host_cached_tokens = num_cached - len(blocks) * self.block_size
                 request.first_scheduled_time = time.monotonic()
-            scheduled.append(self._schedule_chunk(request, num_new))
+            scheduled.append(scheduled_chunk(request, num_new))
             budget -= num_new
         for request in reversed(skipped):  # back in their places, ahead of what was not reached
             self.waiting.prepend_request(request)
@@ -284,19 +285,3 @@ class Scheduler:
         self.finished_recving.discard(request.request_id)
         request.status = RequestStatus.WAITING
         return True
-
-    def _schedule_chunk(self, request: Request, num_new: int, drafts: list[int] | None = None) -> ScheduledRequest:
-        start = request.num_computed_tokens
-        end = start + num_new
-        request.num_computed_tokens = end + len(drafts or ())  # rejected drafts are given back (spec_decode/)
-        all_token_ids = request.all_token_ids
-        request.decoding_in_runner = end == len(all_token_ids) and not drafts  # the runner samples its next token
-        # positional for speed: request_id, token_ids, num_computed_tokens, block_ids (the live block table,
-        # extended as blocks are allocated), sample, sampling_params, output_token_ids, lora_request, prompt_token_ids
-        sp = request.sampling_params
-        if drafts:
-            request.spec_token_ids = drafts
-        return ScheduledRequest(request.request_id, all_token_ids[start:end] + drafts if drafts else
-                                all_token_ids[start:end], start, request.block_ids, end == len(all_token_ids), sp,
-                                request.output_token_ids, request.lora_request,
-                                request.prompt_token_ids if sp.penalized else None, drafts or [])

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from kvmesh.replica.engine.structured_output import check_constraints
 from kvmesh.replica.openai import logprobs_format, responses
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.compile_tenant import compile_tenant
@@ -27,39 +26,22 @@ from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.replica.openai.router_booking import router_booking
 from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_request, parallel_sampling
+from kvmesh.replica.server.constraints import checked_constraints
 from kvmesh.replica.server.engine_requests import engine_requests
+from kvmesh.replica.server.kv_request import client_gone
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
-from kvmesh.replica.serving.sampling_params import SamplingParams, SamplingParamsError
+from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput, TokenLogprobs
 
 if TYPE_CHECKING:
     from kvmesh.replica.server.state import ServerState
-    from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
 R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    """Returns when the client goes away (the ASGI receive channel says ``http.disconnect``)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _checked_constraints(params: list[SamplingParams]) -> list[StructuredOutputsParams]:
-    """The requests' structured-output constraints, each checked off the event loop and the engine thread (a 400)."""
-    if constraints := [sp.structured_outputs for sp in params if sp.structured_outputs is not None]:
-        try:
-            await asyncio.to_thread(check_constraints, constraints)
-        except SamplingParamsError as e:
-            raise ProtocolError(str(e), param=e.param) from None
-    return constraints
 
 
 class OpenAIHandlers:
@@ -104,12 +86,12 @@ class OpenAIHandlers:
         params = [req.to_sampling_params(len(ids), client.max_model_len, self.state.default_max_tokens)
                   for ids in prompts]
         chat_answer.constrain_after_reasoning(req, self.state.frontend, params)
-        constraints = await _checked_constraints(params)
+        constraints = await checked_constraints(params)
         request_id = responses.random_id("chatcmpl" if isinstance(req, ChatCompletionRequest) else "cmpl")
         candidates, kv = engine_requests(self.state, http, req, request_id, prompts, params)
         try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
             streams = await kv_request.start_or_leave(parallel_sampling.start_all(client, candidates),  # aborts them
-                _wait_disconnect(http) if constraints or (kv is not None and kv.remote is not None) else None)
+                client_gone(http) if constraints or (kv is not None and kv.remote is not None) else None)
             kv_headers = {**await kv_request.pull_headers(req, kv, streams),  **await compile_seconds.compile_headers(streams, bool(constraints))}
             if isinstance(req, CompletionRequest) and req.prompt_only:
                 streams = [parallel_sampling.without_output(stream) for stream in streams]
@@ -183,7 +165,7 @@ class OpenAIHandlers:
                                 stream_list: list[Outputs]) -> list[RequestOutput]:
         """Every candidate's final output; aborts them all if the client disconnects first."""
         collect_task = asyncio.ensure_future(parallel_sampling.collect_all(stream_list))
-        disconnect_task = asyncio.ensure_future(_wait_disconnect(http))
+        disconnect_task = asyncio.ensure_future(client_gone(http))
         try:
             done, _ = await asyncio.wait({collect_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
             if collect_task not in done:

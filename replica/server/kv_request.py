@@ -53,6 +53,15 @@ def engine_params(state: ServerState, req: CompletionRequest | ChatCompletionReq
     return state.kv_transfer.request_params(params, prompts[0], req.cache_salt, auth, lora, peer_of(http))
 
 
+async def client_gone(request: Request) -> None:
+    """Returns when the client goes away (the ASGI receive channel says ``http.disconnect``): ``start_or_leave``'s
+    ``gone``."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
 async def start_or_leave(start: Coroutine, gone: Coroutine | None) -> list[Outputs]:
     """``start`` (queue the candidates, read their first outputs); with ``gone`` (the client's disconnect, watched
     while the engine waits for a pull's blocks or a grammar's compile) a client that leaves first cancels it: the request is aborted, its

@@ -117,3 +117,7 @@ class ReplicaSet:
     def prefill_ids(self, pool: Collection[ReplicaId] | None = None) -> list[ReplicaId]:
         """Replicas of role prefill (in ``pool`` when given), in the order they were added."""
         return [rid for rid, r in self._by_id.items() if r.prefill_only and (pool is None or rid in pool)]
+
+    def healthy_within(self, excluded: Collection[ReplicaId], pool: Collection[ReplicaId] | None) -> set[ReplicaId]:
+        """Healthy replicas of any role, less ``excluded``, within ``pool`` when given."""
+        return {rid for rid, r in self._by_id.items() if r.healthy and rid not in excluded and (pool is None or rid in pool)}

@@ -269,8 +269,7 @@ class KVRouter:
         if not rules.peer_pulls or not matches or own >= usable:
             return None
         # a pull's source: healthy, of any role, within the pool (another model's replica holds other KV)
-        candidates = {r.id for r in self.replicas.records()
-                      if r.healthy and r.id not in excluded and (pool is None or r.id in pool)}
+        candidates = self.replicas.healthy_within(excluded, pool)
         columns = self.columns  # synced by route, but for a small fleet
         fleet = None if len(columns.ids) < routable.COLUMNS_FROM else columns.fleet(columns.everyone, ("all", columns.version))
         return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules, fleet)

@@ -248,6 +248,12 @@ class SimConfig:
         """Every simulated replica: the decoding ones and the prefill ones (the KV capacity is split over all)."""
         return self.num_replicas + self.num_prefill_replicas
 
+    def role_of(self, index: int) -> str:
+        """Replicas ``0 .. num_replicas - 1`` decode (role both without prefill replicas), the rest prefill."""
+        if index >= self.num_replicas:
+            return "prefill"
+        return "decode" if self.num_prefill_replicas else "both"
+
 
 def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
     """Every knob is one of some policy's (``--policy-kwargs`` tunes all the policies compared)."""

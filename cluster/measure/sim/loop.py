@@ -26,7 +26,6 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvmesh.cluster.measure.sim.admission import make_admission
@@ -35,6 +34,7 @@ from kvmesh.cluster.measure.sim.lora import ModelPools
 from kvmesh.cluster.measure.sim.published import SimLoadPublishing
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.router import SimRouter
+from kvmesh.cluster.measure.sim.sim_run import SimRun
 from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.events.schema import KVEvent
@@ -46,28 +46,6 @@ Payload = tuple[SimReplica, int] | tuple[str, list[KVEvent]] | tuple[SimReplica,
 """What an event carries: (replica, version) of a step end, (replica id, events) of a delivery, a
 router's index (poll), (replica, request) of a move, or a fleet's own (``AutoscaledFleet``: a joining
 replica's id, None for a tick)."""
-
-
-@dataclass
-class SimRun:
-    """Everything one policy's run produced (summarized by :mod:`.report`)."""
-
-    policy: str
-    """Routing policy name."""
-    requests: list[SimRequest]
-    """The requests, with their measured timelines."""
-    replicas: list[SimReplica]
-    """Every replica that existed during the run."""
-    router: SimRouter
-    """The simulated router(s) at the end of the run."""
-    wall_s: float = 0.0
-    """Wall seconds of the run."""
-    cpu_s: float = 0.0
-    """Process CPU seconds (wall time on a shared machine overstates the cost)."""
-    route_s: float = 0.0
-    """Wall seconds in key computation + match + choose."""
-    extra: dict = field(default_factory=dict)
-    """What the fleet policy measured (``AutoscaledFleet``: replica-seconds, timeline, decisions)."""
 
 
 class FleetPolicy(Protocol):
@@ -124,7 +102,7 @@ class Simulation:
         self.fleet = fleet
         self.blocks_per_replica = blocks_per_replica
         self.seed = config.seed.to_bytes(8, "big") * 4  # fixed per run: replicas are independent caches
-        self.replicas = [SimReplica(str(i), blocks_per_replica, config, self.seed, role_of(i, config))
+        self.replicas = [SimReplica(str(i), blocks_per_replica, config, self.seed, config.role_of(i))
                          for i in range(fleet.initial_replicas(config))]
         self.by_id = {rep.replica_id: rep for rep in self.replicas}
         """Replica id (``str`` of its index, as the router knows it) -> the replica."""
@@ -306,13 +284,6 @@ class Simulation:
         unfinished = [r.request_id for r in requests if r.finished_s < 0 and r.shed_reason is None]
         if unfinished:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
-
-
-def role_of(index: int, config: SimConfig) -> str:
-    """Replicas ``0 .. num_replicas - 1`` decode (role both without prefill replicas), the rest prefill."""
-    if index >= config.num_replicas:
-        return "prefill"
-    return "decode" if config.num_prefill_replicas else "both"
 
 
 def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,

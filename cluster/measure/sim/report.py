@@ -52,7 +52,7 @@ from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.kvcache.reuse import reusable_tokens
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.measure.sim.loop import SimRun
+    from kvmesh.cluster.measure.sim.sim_run import SimRun
     from kvmesh.router.routing.index import PrefixIndex
 
 

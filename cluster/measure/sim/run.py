@@ -9,10 +9,11 @@ from dataclasses import asdict, fields, replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig, cache_bytes_per_token
 from kvmesh.cluster.measure.sim.goodput import label_requests, ttft_slo_summary
-from kvmesh.cluster.measure.sim.loop import SimRun, run_policy
+from kvmesh.cluster.measure.sim.loop import run_policy
 from kvmesh.cluster.measure.sim.lora import lora_summary, with_adapters
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
 from kvmesh.cluster.measure.sim.report import infinite_hit_rate, single_pool_hits, summarize
+from kvmesh.cluster.measure.sim.sim_run import SimRun
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.cluster.measure.workloads.tenants import assign_tenants, parse_tenant_mix
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord

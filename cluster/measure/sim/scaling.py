@@ -26,9 +26,10 @@ from dataclasses import replace
 from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.cluster.fleet.autoscaler import Autoscaler, cheapest_to_lose
 from kvmesh.cluster.measure.sim.config import SimConfig
-from kvmesh.cluster.measure.sim.loop import FLEET_EVENT, FLEET_TIMER, Payload, SimRun, Simulation, run_policy
+from kvmesh.cluster.measure.sim.loop import FLEET_EVENT, FLEET_TIMER, Payload, Simulation, run_policy
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.report import summarize
+from kvmesh.cluster.measure.sim.sim_run import SimRun
 from kvmesh.cluster.measure.sim.stats import percentiles
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.router.routing.retention import exclusive_blocks

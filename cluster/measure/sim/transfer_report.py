@@ -16,7 +16,7 @@ from kvmesh.cluster.measure.sim.config import cache_bytes_per_token
 from kvmesh.cluster.measure.sim.stats import imbalance, percentiles, weighted_percentiles
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.measure.sim.loop import SimRun
+    from kvmesh.cluster.measure.sim.sim_run import SimRun
 
 
 def transfer_summary(run: SimRun) -> dict:
