@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
-from kvmesh.replica.openai.auth import INTERNAL_SCOPE_KEY
+from kvmesh.replica.openai.router_header import router_header
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -37,13 +37,9 @@ def tenant_header(tenant: str) -> dict[str, str]:
 def compile_tenant(http: Request, internal_key: str | None) -> str | None:
     """The tenant the router named for this request (None: no header, the turns go by ``user``); a 403 when a
     caller other than the cluster sends it to a replica that has an internal key."""
-    value = http.headers.get(TENANT_HEADER)
+    value = router_header(http, TENANT_HEADER, internal_key, "names the tenant the router's key check found")
     if value is None:
         return None
-    if internal_key is not None and not http.scope.get("state", {}).get(INTERNAL_SCOPE_KEY, False):
-        raise ProtocolError(f"header {TENANT_HEADER} may be sent only by the router (the cluster's internal key): it "
-                            "names the tenant the router's key check found; remove it from the request", 403,
-                            param=TENANT_HEADER)
     if not value or len(value) > MAX_TENANT_CHARS:
         raise ProtocolError(f"header {TENANT_HEADER} must name a tenant in 1 to {MAX_TENANT_CHARS} characters",
                             param=TENANT_HEADER)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.openai.auth import INTERNAL_SCOPE_KEY
+from kvmesh.replica.openai.router_header import router_header
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -50,13 +50,9 @@ def parse_booking(value: str) -> Booking:
 def router_booking(http: Request, internal_key: str | None) -> Booking | None:
     """The booking the router named for this request (None: no header); a 403 when a caller other than the
     cluster sends it to a replica that has an internal key, a 400 when it is malformed."""
-    value = http.headers.get(ROUTER_HEADER)
+    value = router_header(http, ROUTER_HEADER, internal_key, "books the request on the router's load")
     if value is None:
         return None
-    if internal_key is not None and not http.scope.get("state", {}).get(INTERNAL_SCOPE_KEY, False):
-        raise ProtocolError(f"header {ROUTER_HEADER} may be sent only by the router (the cluster's internal key): it "
-                            "books the request on the router's load; remove it from the request", 403,
-                            param=ROUTER_HEADER)
     try:
         return parse_booking(value)
     except ValueError as e:
