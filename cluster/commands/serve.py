@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             report("shutting down...")
             code = interrupts.exit_code or 130
         else:
-            print(f"kvmesh serve: {e or repr(e)}", file=sys.stderr, flush=True)  # some errors have no message
+            print(f"kvmesh serve: {str(e) or repr(e)}", file=sys.stderr, flush=True)  # some errors have no message
             code = 1
     finally:
         interrupts.ignore()  # a second Ctrl-C must not leave orphans
