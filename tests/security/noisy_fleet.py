@@ -120,18 +120,26 @@ def _status(pid: int, key: str) -> float:
     raise KeyError(f"{key} not in /proc/{pid}/status")
 
 
-def _replica(name: str, model: Path, template: Path, env: dict, workdir: Path) -> tuple[Process, dict]:
-    log = workdir / f"{name}.log"
-    with log.open("w") as stderr:
+def _replica(name: str, model: Path, template: Path, env: dict, workdir: Path) -> Process:
+    """A ``kvmesh replica`` started (its URL is known once it serves: ``_serving``)."""
+    with (workdir / f"{name}.log").open("w") as stderr:
         popen = subprocess.Popen(
             [KVMESH, "replica", "--model", str(model), "--port", "0", "--event-port", "0", "--replay-port", "0",
              "--kv-cache-memory", "8MiB", "--chat-template", str(template)],
             stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
-    line = next((line for line in popen.stdout if line.startswith("{")), None)  # its endpoints once it serves
-    assert line, f"kvmesh replica {name} exited with {popen.wait()}: {log.read_text()[-2000:]}"
+    return Process(name, popen, "")
+
+
+def _serving(replica: Process, workdir: Path) -> dict:
+    """Once ``replica`` serves: its endpoints (the line it prints then); its URL set from them."""
+    popen = replica.popen
+    line = next((line for line in popen.stdout if line.startswith("{")), None)
+    assert line, (f"kvmesh replica {replica.name} exited with {popen.wait()}: "
+                  f"{(workdir / f'{replica.name}.log').read_text()[-2000:]}")
     threading.Thread(target=popen.stdout.read, daemon=True).start()  # whatever else it prints, never blocking it
     endpoints = json.loads(line)
-    return Process(name, popen, endpoints["http_url"]), endpoints
+    replica.url = endpoints["http_url"]
+    return endpoints
 
 
 def _free_port() -> int:
@@ -150,10 +158,10 @@ def start_fleet(model: Path, workdir: Path, template_text: str) -> NoisyFleet:
     base |= {"KVMESH_HASH_SEED": secrets.token_hex(16), "KVMESH_INTERNAL_KEY": INTERNAL_KEY}
     started: list[Process] = []
     try:
+        started += [_replica(f"replica-{i}", model, template, base, workdir) for i in range(2)]  # both load at once
         specs = []
-        for i in range(2):
-            replica, endpoints = _replica(f"replica-{i}", model, template, base, workdir)
-            started.append(replica)
+        for replica in started:
+            endpoints = _serving(replica, workdir)
             specs.append(f"{replica.url},events={endpoints['events_endpoint']},"
                          f"replay={endpoints['replay_endpoint']},name={replica.name}")
         port = _free_port()
