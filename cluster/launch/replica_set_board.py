@@ -90,8 +90,8 @@ class BoardPublisher:
             ray.get(self.board.publish.remote(rows), timeout=PUBLISH_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - the owner or the board is restarting: the next turn retries
             if not self._failing:
-                logger.warning("cannot publish the replica set to the routers' board (%s); retrying",
-                               type(e).__name__)
+                logger.warning("cannot publish the replica set to the routers' board (%s: %s); retrying every "
+                               "%gs", type(e).__name__, str(e).strip().split("\n")[0], FOLLOW_INTERVAL_S)
             self._failing = True
             return
         self._failing = False
