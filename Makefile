@@ -29,10 +29,7 @@ TEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) -m "not multinode" $(PYTEST_ARGS)
-
-test-multinode: $(STAMP)
-	$(BIN)/python -m pytest -m multinode $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not ray and not live and not slow" $(PYTEST_ARGS)

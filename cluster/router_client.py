@@ -37,8 +37,9 @@ Json = dict[str, object]
 class RouterClient:
     """Synchronous client of one router's admin and status endpoints.
 
-    Raises ``aiohttp.ClientResponseError`` (with ``.status``) for an error answer and
-    ``aiohttp.ClientError`` / ``TimeoutError`` when the router cannot be reached.
+    Raises ``aiohttp.ClientResponseError`` (with ``.status``) for an error answer,
+    ``aiohttp.ClientError`` when the router cannot be reached and ``TimeoutError`` (naming the call) when it does
+    not answer within ``timeout_s``.
     """
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0,
@@ -80,7 +81,11 @@ class RouterClient:
 
     def _request(self, method: str, path: str, body: Json | None = None, admin: bool = False,
                  check: bool = True) -> tuple[int, bytes]:
-        return self._run(self._fetch(method, path, body, admin, check))
+        try:
+            return self._run(self._fetch(method, path, body, admin, check))
+        except TimeoutError:  # aiohttp's total timeout carries no message: say which call went unanswered
+            raise TimeoutError(f"the router at {self.url} did not answer {method} {path.split('?')[0]} within "
+                               f"{self._timeout.total:g}s") from None
 
     def health(self) -> Json:
         return json.loads(self._request("GET", "/health", check=False)[1])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import add_config_arguments
@@ -97,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
             report("shutting down...")
             code = interrupts.exit_code or 130
         else:
-            print(f"kvmesh serve: {str(e) or repr(e)}", file=sys.stderr, flush=True)  # some errors have no message
+            print(f"kvmesh serve: {str(e) or repr(e)}", file=sys.stderr, flush=True)
+            if not str(e):  # an error with no message says nothing to a person: where it came from does
+                traceback.print_exception(e, file=sys.stderr)
             code = 1
     finally:
         interrupts.ignore()  # a second Ctrl-C must not leave orphans

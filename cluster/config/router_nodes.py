@@ -24,7 +24,8 @@ class RouterNodesConfig:
     router_restarts: int = -1
     """How often Ray restarts a placed router that died, on the same node (-1 = forever)."""
     router_ready_timeout_s: float = 60.0
-    """How long serve waits for every placed router to listen and route to every replica."""
+    """How long serve waits for the replica set's board and every placed router to start (saying every 10 s which
+    are still starting) and for each router to route to every replica."""
 
     def __post_init__(self) -> None:
         if self.num_routers < EVERY_NODE:

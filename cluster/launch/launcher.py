@@ -132,7 +132,8 @@ class ServeCluster:
             from kvmesh.cluster.launch.node_routers import NodeRouters
 
             node_host = "auto" if cfg.router.host == "auto" and not st.ray.local else router_config.host
-            st.router = NodeRouters(replace(router_config, host=node_host), cfg.routers, cfg.ray.namespace).start()
+            st.router = NodeRouters(replace(router_config, host=node_host), cfg.routers, cfg.ray.namespace,
+                                    self.report).start()
         else:
             st.router = start_router(router_config, workers)
         if self.admin_keys_dir is not None:  # once the router listens: the URL of the set's owner names the record

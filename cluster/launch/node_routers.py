@@ -17,12 +17,15 @@ alive and offers ``routers.router_resource`` (when set) and ``routers.router_cpu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from kvmesh.cluster.config.router_nodes import EVERY_NODE, RouterNodesConfig
 from kvmesh.cluster.launch.node_router import NodeRouter
+from kvmesh.cluster.launch.readiness import NOTE_EVERY_S
 from kvmesh.cluster.launch.replica_set_board import BOARD_NAME, BoardPublisher, start_board
 from kvmesh.cluster.launch.serve_router import RouterProcesses
+from kvmesh.cluster.launch.supervisor import actor_state
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.router.config import RouterConfig
 
@@ -55,9 +58,10 @@ def router_nodes(nodes: list[dict], routers: RouterNodesConfig, port: int, host:
 class NodeRouters(RouterProcesses):
     """The control router in this process (owner of the replica set) and routers placed on Ray nodes."""
 
-    def __init__(self, config: RouterConfig, routers: RouterNodesConfig, namespace: str) -> None:
+    def __init__(self, config: RouterConfig, routers: RouterNodesConfig, namespace: str,
+                 report: Callable[[str], None] = print) -> None:
         super().__init__(config, 1)
-        self.routers, self.namespace = routers, namespace
+        self.routers, self.namespace, self.report = routers, namespace, report
         self.actors: list = []
         """The placed routers' actor handles, ``router-<i>`` in order."""
         self.board = None
@@ -80,35 +84,48 @@ class NodeRouters(RouterProcesses):
 
         self.control.start()
         try:
+            started = time.monotonic()
             self.board = start_board(self.namespace)
-            owner = RouterClient(self.control_url, admin_key=self.config.admin_key)
-            self.publisher = BoardPublisher(self.board, owner).start()
             cfg = self.routers
             resources = {cfg.router_resource: 1.0} if cfg.router_resource else {}
-            for index, node_id in enumerate(router_nodes(ray.nodes(), cfg, self.config.port, self.config.host)):
-                name = ROUTER_NAME.format(index=index)
+            nodes = router_nodes(ray.nodes(), cfg, self.config.port, self.config.host)
+            for index, node_id in enumerate(nodes):
                 self.actors.append(ray.remote(NodeRouter).options(
-                    name=name, namespace=self.namespace, num_cpus=cfg.router_cpus, resources=resources,
-                    max_restarts=cfg.router_restarts,
+                    name=ROUTER_NAME.format(index=index), namespace=self.namespace, num_cpus=cfg.router_cpus,
+                    resources=resources, max_restarts=cfg.router_restarts,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 ).remote(replace(self.config, workers=1), f"router-{index}", BOARD_NAME, self.namespace))
-            self._wait_listening()
+            self._wait_started({"the replica set's board": (self.board, self.board.read.remote())}, started)
+            owner = RouterClient(self.control_url, admin_key=self.config.admin_key)
+            self.publisher = BoardPublisher(self.board, owner).start()
+            self._wait_started({f"router-{i} (node {node_id[:8]})": (actor, actor.url.remote())
+                                for i, (actor, node_id) in enumerate(zip(self.actors, nodes, strict=True))}, started)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_listening(self) -> None:
-        """Until every placed router listens (its start-up error raised here), at most router_ready_timeout_s."""
+    def _wait_started(self, pending: dict[str, tuple], started: float) -> None:
+        """Until each named actor (name: (handle, its first call)) answers (a start-up error is raised here),
+        saying every ``NOTE_EVERY_S`` which are still starting; routers.router_ready_timeout_s after ``started``
+        a TimeoutError names them with their Ray state."""
         import ray
-        from ray.exceptions import GetTimeoutError
 
         timeout_s = self.routers.router_ready_timeout_s
-        try:
-            ray.get([actor.url.remote() for actor in self.actors], timeout=timeout_s)
-        except GetTimeoutError:
-            raise TimeoutError(f"placed routers not listening after {timeout_s:g}s (routers.router_ready_timeout_s): "
-                               "a node short of routers.router_cpus or the router resource? see the Ray logs") from None
+        names = {ref: name for name, (_, ref) in pending.items()}
+        waiting, last_note = list(names), time.monotonic()
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=1.0)
+            ray.get(done)
+            now = time.monotonic()
+            if waiting and (now - started > timeout_s or now - last_note >= NOTE_EVERY_S):
+                late = "; ".join(f"{names[ref]}: {actor_state(pending[names[ref]][0])}" for ref in waiting)
+                if now - started > timeout_s:
+                    raise TimeoutError(f"not started after {timeout_s:g}s (routers.router_ready_timeout_s): {late} "
+                                       "(PENDING_CREATION: its node lacks routers.router_cpus or the router resource, "
+                                       "or its worker process is still starting on a loaded machine); see the Ray logs")
+                last_note = now
+                self.report(f"waiting for {late} [{now - started:.0f}s of {timeout_s:g}s]")
 
     def wait_workers_see(self, replicas: int, timeout_s: float = 30.0) -> None:
         """Block until every placed router routes to ``replicas`` healthy replicas (TimeoutError after the

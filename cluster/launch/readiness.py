@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
+import aiohttp
 from kvmesh.cluster.launch.serve_router import RouterProcesses
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, register
 from kvmesh.cluster.router_client import RouterClient
@@ -16,6 +18,9 @@ if TYPE_CHECKING:
 
 NOTE_EVERY_S = 10.0
 """How often a long wait says how many replicas are still loading."""
+RETRY_AFTER_S = 0.5
+"""Pause before asking the router again when a start-up request went unanswered."""
+T = TypeVar("T")
 
 
 def wait_replicas_ready(replicas: list[ReplicaHandle], router_client: RouterClient, timeout_s: float,
@@ -35,7 +40,7 @@ def wait_replicas_ready(replicas: list[ReplicaHandle], router_client: RouterClie
             except Exception as e:
                 raise RuntimeError(f"{handle.replica_id} failed to start: {first_line(e)}") from e
             handle.up = True
-            register(router_client, handle)
+            until_answered(partial(register, router_client, handle), deadline, f"registering {handle.replica_id}")
             ready = len(replicas) - len(pending)
             report(f"{handle.replica_id} ready ({ready}/{len(replicas)}) at {handle.endpoints['http_url']}, "
                    f"events {handle.endpoints.get('events_endpoint')} [{elapsed_s():.1f}s]")
@@ -54,13 +59,27 @@ def wait_router_sees(router_client: RouterClient, router: RouterServer | RouterP
     deadline = time.monotonic() + timeout_s
     healthy: list[str] = []
     while time.monotonic() < deadline:
-        healthy = router_client.health().get("healthy_replicas", [])
+        healthy = until_answered(router_client.health, deadline, "asking the router's health").get(
+            "healthy_replicas", [])
         if len(healthy) >= want:
             if isinstance(router, RouterProcesses):  # several router processes follow it
                 router.wait_workers_see(want, max(deadline - time.monotonic(), 1.0))
             return
         time.sleep(0.1)
     raise TimeoutError(f"the router sees {len(healthy)} of {want} replicas healthy after {timeout_s:.0f}s")
+
+
+def until_answered(call: Callable[[], T], deadline: float, what: str) -> T:
+    """``call()`` (a request to the router in this process), asked again while it times out or cannot connect: a
+    loaded machine can leave one request unanswered for seconds; past ``deadline`` the last error is raised,
+    saying what was being done."""
+    while True:
+        try:
+            return call()
+        except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: {e}") from e
+            time.sleep(RETRY_AFTER_S)
 
 
 def first_line(e: BaseException) -> str:

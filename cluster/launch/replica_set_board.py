@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
-from kvmesh.cluster.router_client import RouterClient
-from kvmesh.router.control.follow import FOLLOW_INTERVAL_S
-from kvmesh.router.control.rows import ReplicaList
+if TYPE_CHECKING:  # the board's worker process imports this module: it stays free of the router's stack
+    from kvmesh.cluster.router_client import RouterClient
 
 logger = logging.getLogger(__name__)
 
@@ -79,19 +79,22 @@ class BoardPublisher:
         self.owner.close()
 
     def _run(self) -> None:
+        from kvmesh.router.control.follow import FOLLOW_INTERVAL_S
+
         while not self._stop.wait(FOLLOW_INTERVAL_S):
             self.publish_once()
 
     def publish_once(self) -> None:
         import ray
+        from kvmesh.router.control.rows import ReplicaList
 
         try:
             rows = ReplicaList(self.owner.replica_rows()).encode()
             ray.get(self.board.publish.remote(rows), timeout=PUBLISH_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - the owner or the board is restarting: the next turn retries
             if not self._failing:
-                logger.warning("cannot publish the replica set to the routers' board (%s); retrying",
-                               type(e).__name__)
+                logger.warning("cannot publish the replica set to the routers' board (%s: %s); retrying",
+                               type(e).__name__, str(e).strip().split("\n")[0])
             self._failing = True
             return
         self._failing = False

@@ -173,7 +173,8 @@ def _started_serve(address: str, model: str, args: argparse.Namespace, work: Pat
     a start-up deadline, as Ray's own raylet registration can), the first failure printed."""
     for attempt in (1, 2):
         (work / f"start-{attempt}").mkdir()
-        serve = PlacedServe(address, model, args.replicas, args.routers, work / f"start-{attempt}")
+        serve = PlacedServe(address, model, args.replicas, args.routers, work / f"start-{attempt}",
+                            args.ready_timeout_s)
         try:
             serve.wait_ready(args.ready_timeout_s)
             return serve

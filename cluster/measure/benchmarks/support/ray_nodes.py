@@ -47,13 +47,15 @@ class LocalNodes:
 class PlacedServe:
     """``kvmesh serve`` joined to the nodes, its routers placed on them; ``router(i)`` finds each through Ray."""
 
-    def __init__(self, address: str, model: str, num_replicas: int, num_routers: int, work: Path) -> None:
-        config = {"ray": {"address": address, "namespace": NAMESPACE},
+    def __init__(self, address: str, model: str, num_replicas: int, num_routers: int, work: Path,
+                 ready_timeout_s: float) -> None:
+        config = {"ray": {"address": address, "namespace": NAMESPACE, "ready_timeout_s": ready_timeout_s},
                   "engine": {"model": model, "device": "cpu", "max_model_len": 512},
                   "replicas": {"num_replicas": num_replicas, "num_cpus_per_worker": 1, "http_port": 0,
                                "event_port": 0},
                   "router": {"host": "127.0.0.1", "port": 0, "served_model_name": SERVED_NAME},
-                  "routers": {"num_routers": num_routers, "router_resource": ROUTER_RESOURCE, "router_cpus": 0}}
+                  "routers": {"num_routers": num_routers, "router_resource": ROUTER_RESOURCE, "router_cpus": 0,
+                              "router_ready_timeout_s": ready_timeout_s}}  # this machine stands in for every host
         (work / "serve.json").write_text(json.dumps(config))  # YAML is a superset of JSON
         self.log_path = work / "serve.log"
         self.num_routers = num_routers
