@@ -1,0 +1,103 @@
+"""What each replica evicts and whether it comes back: a bounded ghost list of evicted block hashes per replica, fed
+by the ``BlockRemoved`` / ``BlockStored`` events the router already applies to its index.
+
+A block a replica evicts becomes a *ghost* (its external hash only, no data). When the replica stores a block whose
+hash is still a ghost, the block came back: the replica recomputed (or pulled) something it had and lost. The share of
+a replica's stored blocks that come back this way (``comeback``, decayed over its last ``window_blocks`` stored blocks)
+says how much reuse its cache is too small to keep: a new block placed there evicts one that is likely needed again.
+A replica whose evictions never come back (or that evicts nothing) has ``comeback`` 0.
+
+The ghost list of a replica keeps its last ``capacity_blocks`` evictions (a re-store within about one cache's worth of
+evictions counts; older ones are forgotten), so memory is bounded by ``capacity_blocks`` hashes per replica. Host-tier
+events (``medium="CPU"``) are not the device cache's and are ignored. No peer router keeps this: Dynamo and llm-d read
+the same events only to know what is cached now.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
+from kvmesh.router.replicas.replica import ReplicaId
+
+DEFAULT_GHOST_BLOCKS = 8192
+"""Evicted block hashes kept per replica (about a replica's cache worth in the simulator's 512-token blocks)."""
+DEFAULT_WINDOW_BLOCKS = 1024
+"""Stored blocks over which ``comeback`` is averaged (exponentially: each stored block weighs ``1 / window``)."""
+
+
+@dataclass(slots=True)
+class ReplicaGhosts:
+    """One replica's ghost list and its decayed comeback share."""
+
+    ghosts: OrderedDict = field(default_factory=OrderedDict)
+    """Evicted external block hash -> None, the oldest eviction first."""
+    comeback: float = 0.0
+    """Decayed share of stored blocks that were ghosts (came back after an eviction here)."""
+    stored: int = 0
+    """Device blocks stored (counted)."""
+    came_back: int = 0
+    """Of them, blocks that were ghosts."""
+
+
+class EvictionGhosts:
+    """Per replica: its recent evictions (keys only) and the share of its stores that re-store one of them."""
+
+    def __init__(self, capacity_blocks: int = DEFAULT_GHOST_BLOCKS,
+                 window_blocks: int = DEFAULT_WINDOW_BLOCKS) -> None:
+        if capacity_blocks < 1 or window_blocks < 1:
+            raise ValueError(f"capacity_blocks and window_blocks must be >= 1, got {capacity_blocks} and "
+                             f"{window_blocks}")
+        self.capacity_blocks = capacity_blocks
+        """Most evicted hashes kept per replica."""
+        self.rate = 1.0 / window_blocks
+        """Weight of one stored block in ``comeback``."""
+        self._replicas: dict[ReplicaId, ReplicaGhosts] = {}
+
+    def apply(self, replica_id: ReplicaId, events: Iterable) -> float:
+        """Take a replica's events (device medium only); returns its ``comeback`` after them."""
+        rep = self._replicas.get(replica_id)
+        if rep is None:
+            rep = self._replicas[replica_id] = ReplicaGhosts()
+        for event in events:
+            kind = type(event)
+            if kind is BlockRemoved and event.medium != HOST_MEDIUM:
+                self._evicted(rep, event.block_hashes)
+            elif kind is BlockStored and event.medium != HOST_MEDIUM:
+                self._stored(rep, event.block_hashes)
+            elif kind is AllBlocksCleared:
+                rep.ghosts.clear()  # a reset, not an eviction: what comes back after it is no sign of a small cache
+        return rep.comeback
+
+    def _evicted(self, rep: ReplicaGhosts, hashes: Iterable) -> None:
+        ghosts, cap = rep.ghosts, self.capacity_blocks
+        for h in hashes:
+            ghosts[h] = None
+            ghosts.move_to_end(h)
+        while len(ghosts) > cap:
+            ghosts.popitem(last=False)
+
+    def _stored(self, rep: ReplicaGhosts, hashes: Iterable) -> None:
+        ghosts, rate, share = rep.ghosts, self.rate, rep.comeback
+        for h in hashes:
+            back = ghosts.pop(h, 0) is None
+            share += rate * ((1.0 if back else 0.0) - share)
+            rep.came_back += back
+            rep.stored += 1
+        rep.comeback = share
+
+    def comeback(self, replica_id: ReplicaId) -> float:
+        """The replica's decayed share of stored blocks that came back after an eviction (0: none seen)."""
+        rep = self._replicas.get(replica_id)
+        return 0.0 if rep is None else rep.comeback
+
+    def counts(self, replica_id: ReplicaId) -> tuple[int, int, int]:
+        """(blocks stored, of them come back, ghosts held now) for a replica."""
+        rep = self._replicas.get(replica_id)
+        return (0, 0, 0) if rep is None else (rep.stored, rep.came_back, len(rep.ghosts))
+
+    def forget(self, replica_id: ReplicaId) -> None:
+        """Drop a replica's ghosts (it left the router)."""
+        self._replicas.pop(replica_id, None)
