@@ -65,24 +65,25 @@ def _policy(**knobs):
     return get_policy("cache_aware_tokens", policy_config("cache_aware_tokens", {"churn_weight": 0.0, **knobs}), BS)
 
 
-def test_eviction_damage_steers_new_tokens_from_a_replica_whose_evictions_come_back():
-    """Idle replicas, no match: costs 1024 + 1 x 0.5 x 1024 against 1024."""
+def test_a_token_no_replica_holds_is_not_damage():
+    """No candidate holds the prompt: it is stored somewhere whichever takes it, so comeback prices nothing."""
     loads = {"thrashing": ReplicaLoad(comeback=0.5), "calm": ReplicaLoad()}
-    policy = _policy(ghost_weight=1.0)
-    assert policy.costs(list(range(64)), {}, loads) == {"thrashing": 1536.0, "calm": 1024.0}
-    assert policy.choose(list(range(64)), TierMatches({}), loads) == "calm"
+    assert _policy(ghost_weight=1.0).costs(list(range(64)), {}, loads) == {"thrashing": 1024.0, "calm": 1024.0}
 
 
-def test_eviction_damage_keeps_a_request_on_its_prefix_under_cache_pressure():
-    """Both thrash (comeback 0.8); the holder (960 of 1024 tokens cached) has 4,000 queued tokens: 64 x 1.8 + 0.15 x
-    4000 = 715.2 against the idle replica's 1024 x 1.8. With 8,000 queued: 1315.2 against 1843.2 (the holder), where
-    without the damage 64 + 1200 = 1264 outweighs 1024 (the idle replica)."""
-    loads = {"holder": ReplicaLoad(pending_prefill_tokens=4_000, comeback=0.8), "idle": ReplicaLoad(comeback=0.8)}
-    costs = _policy(ghost_weight=1.0).costs(list(range(64)), {"holder": 60}, loads)
-    assert costs == {"holder": pytest.approx(64 * 1.8 + 600), "idle": pytest.approx(1024 * 1.8)}
-    loads["holder"].pending_prefill_tokens = 8_000
-    assert _policy().choose(list(range(64)), TierMatches({"holder": 60}), loads) == "idle"
-    assert _policy(ghost_weight=1.0).choose(list(range(64)), TierMatches({"holder": 60}), loads) == "holder"
+def test_a_second_copy_costs_what_its_eviction_brings_back():
+    """The holder (960 of 1024 tokens cached) has 8,000 queued tokens: 64 + 0.15 x 8000 = 1264 against the idle
+    replica's 1024 (it wins without the damage). Evictions come back at 0.8 on average: the idle replica's copy of
+    the 960 held tokens costs 0.8 x 960 more, 1792, and the request stays on its prefix. With nothing coming back,
+    the copy costs nothing."""
+    keys, tiers = list(range(64)), TierMatches({"holder": 60})
+    loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000, comeback=0.6), "idle": ReplicaLoad(comeback=1.0)}
+    costs = _policy(ghost_weight=1.0).costs(keys, {"holder": 60}, loads)
+    assert costs == {"holder": pytest.approx(1264.0), "idle": pytest.approx(1024 + 0.8 * 960)}
+    assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "holder"
+    assert _policy().choose(keys, tiers, loads) == "idle"
+    loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000), "idle": ReplicaLoad()}
+    assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "idle"
 
 
 def _pulling(**fields) -> ReplicaLoad:

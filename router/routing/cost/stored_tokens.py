@@ -6,15 +6,18 @@ For a candidate holding ``own`` leading blocks of a prompt of ``prompt`` tokens:
 
     computed = prompt - block_size * (own + pulled_blocks)     (at least 0)
     price    = computed + pull_share * pulled_tokens            a pulled token costs pull_s / compute_s of one computed
-    damage   = ghost_weight * comeback * (computed + pulled_tokens)
+    damage   = ghost_weight * comeback * duplicated               duplicated: tokens it stores that another holds
 
 ``pulled_blocks``: when pulls are priced (``PullPriors`` enabled) and the best device holder among the candidates
 holds more leading blocks than the candidate, both report KV transfer on and the pull costs fewer seconds than
 computing those tokens (pull.py, estimate.py's prefill rate), the candidate pulls the difference, as ``KVRouter``
 then plans it (kv_placement.py). ``comeback`` (``ReplicaLoad.comeback``, router/routing/eviction_ghosts.py) is the
-share of the blocks the candidate stored lately that it had evicted before: every token it stores evicts one, and
-that one comes back (is recomputed) with about this probability, so a stored token costs ``comeback`` more tokens
-later. ``ghost_weight`` 1 prices that expectation at face value.
+share of the blocks a replica stored lately that it had evicted before, and ``comeback`` here its mean over the
+candidates: every token stored evicts one, which comes back (is recomputed) with about this probability. A token no
+replica holds must be stored somewhere, whichever candidate takes it; a token the candidate would compute or pull
+while another replica holds it (``duplicated``: up to the best holder's match) is a second copy, one more block of
+the fleet's cache taken, so it costs ``comeback`` more tokens later. ``ghost_weight`` 1 prices that expectation at
+face value; with no evictions coming back anywhere it is 0.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class StoredTokens:
     price: float
     """Their price in prefill tokens: ``computed + pull_share * pulled``."""
     damage: float
-    """Tokens its evictions are expected to cost later: ``ghost_weight * comeback * (computed + pulled)``."""
+    """Tokens its evictions are expected to cost later: ``ghost_weight * comeback * duplicated``."""
 
 
 def stored_tokens(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[ReplicaId, ReplicaLoad],
@@ -49,6 +52,8 @@ def stored_tokens(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[
     """Every candidate's ``StoredTokens`` (``matches``: leading device blocks each holds)."""
     holder, best = _holder(prompt, matches, loads, block_size, pulls)
     fleet = FleetRates.of(loads.values()) if holder is not None else None
+    held = min(max((m for rid, m in matches.items() if rid in loads), default=0), reusable_blocks(prompt, block_size))
+    comeback = ghost_weight * sum(load.comeback for load in loads.values()) / len(loads) if ghost_weight else 0.0
     out = {}
     for rid, load in loads.items():
         own = matches.get(rid, 0)
@@ -60,7 +65,7 @@ def stored_tokens(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[
                 pulled = float(min(computed, (best - own) * block_size))
                 computed -= pulled
                 price = computed + share * pulled
-        damage = ghost_weight * load.comeback * (computed + pulled) if ghost_weight else 0.0
+        damage = comeback * block_size * (held - own) if comeback and held > own else 0.0
         out[rid] = StoredTokens(computed, pulled, price, damage)
     return out
 

@@ -35,6 +35,9 @@ no prefill rate gets the mean of those that do; with no rate anywhere the costs 
 host hit counts as a device hit (its load-back cannot be priced). A request naming a LoRA adapter that a
 candidate reports is priced the same way in seconds, plus the adapter's load where it is not resident (its size
 over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/estimate.py).
+**Stored tokens** (off by default): ``price_pulls`` prices the prefix a candidate would pull from a peer at the pull's
+share of its compute time, ``ghost_weight`` a second copy of blocks another replica holds by how often evicted blocks
+come back (router/routing/eviction_ghosts.py); both in cost/stored_tokens.py, with their measurements in BENCHMARKS.md.
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
