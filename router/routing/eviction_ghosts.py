@@ -1,15 +1,16 @@
-"""What each replica evicts and whether it comes back: a bounded ghost list of evicted block hashes per replica, fed
-by the ``BlockRemoved`` / ``BlockStored`` events the router already applies to its index.
+"""What the replicas evict and whether it comes back: a bounded ghost list of evicted block hashes, fed by the
+``BlockRemoved`` / ``BlockStored`` events the router already applies to its index.
 
-A block a replica evicts becomes a *ghost* (its external hash only, no data). When the replica stores a block whose
-hash is still a ghost, the block came back: the replica recomputed (or pulled) something it had and lost. The share of
-a replica's stored blocks that come back this way (``comeback``, decayed over its last ``window_blocks`` stored blocks)
-says how much reuse its cache is too small to keep: a new block placed there evicts one that is likely needed again.
-A replica whose evictions never come back (or that evicts nothing) has ``comeback`` 0.
+A block a replica evicts becomes a *ghost* (its external hash only, no data). When a replica stores a block whose hash
+is still a ghost, the block came back: the fleet recomputed (or pulled) something one of its caches had and lost,
+there or on another replica (a request moved away from its prefix brings its blocks back elsewhere). The share of a
+replica's stored blocks that come back this way (``comeback``, decayed over its last ``window_blocks`` stored blocks)
+says how much reuse the caches are too small to keep: a new block placed there evicts one likely needed again. With
+no eviction coming back (or none at all) ``comeback`` is 0.
 
-The ghost list of a replica keeps its last ``capacity_blocks`` evictions (a re-store within about one cache's worth of
-evictions counts; older ones are forgotten), so memory is bounded by ``capacity_blocks`` hashes per replica. Host-tier
-events (``medium="CPU"``) are not the device cache's and are ignored. No peer router keeps this: Dynamo and llm-d read
+The ghost list keeps the fleet's last ``capacity_blocks`` evictions per replica seen (a re-store within about one
+cache's worth of evictions counts; older ones are forgotten), so memory is bounded by ``capacity_blocks`` hashes per
+replica. Host-tier events (``medium="CPU"``) are not the device caches' and are ignored. No peer router keeps this: Dynamo and llm-d read
 the same events only to know what is cached now.
 """
 
@@ -17,9 +18,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
+from kvmesh.events.schema import HOST_MEDIUM, BlockRemoved, BlockStored
 from kvmesh.router.replicas.replica import ReplicaId
 
 DEFAULT_GHOST_BLOCKS = 8192
@@ -30,10 +31,8 @@ DEFAULT_WINDOW_BLOCKS = 1024
 
 @dataclass(slots=True)
 class ReplicaGhosts:
-    """One replica's ghost list and its decayed comeback share."""
+    """One replica's decayed comeback share and counts."""
 
-    ghosts: OrderedDict = field(default_factory=OrderedDict)
-    """Evicted external block hash -> None, the oldest eviction first."""
     comeback: float = 0.0
     """Decayed share of stored blocks that were ghosts (came back after an eviction here)."""
     stored: int = 0
@@ -43,7 +42,7 @@ class ReplicaGhosts:
 
 
 class EvictionGhosts:
-    """Per replica: its recent evictions (keys only) and the share of its stores that re-store one of them."""
+    """The fleet's recent evictions (keys only) and, per replica, the share of its stores that re-store one of them."""
 
     def __init__(self, capacity_blocks: int = DEFAULT_GHOST_BLOCKS,
                  window_blocks: int = DEFAULT_WINDOW_BLOCKS) -> None:
@@ -51,10 +50,12 @@ class EvictionGhosts:
             raise ValueError(f"capacity_blocks and window_blocks must be >= 1, got {capacity_blocks} and "
                              f"{window_blocks}")
         self.capacity_blocks = capacity_blocks
-        """Most evicted hashes kept per replica."""
+        """Evicted hashes kept per replica seen."""
         self.rate = 1.0 / window_blocks
         """Weight of one stored block in ``comeback``."""
         self._replicas: dict[ReplicaId, ReplicaGhosts] = {}
+        self._ghosts: OrderedDict = OrderedDict()
+        """Evicted external block hash -> None, the oldest eviction first."""
 
     def apply(self, replica_id: ReplicaId, events: Iterable) -> float:
         """Take a replica's events (device medium only); returns its ``comeback`` after them."""
@@ -64,15 +65,13 @@ class EvictionGhosts:
         for event in events:
             kind = type(event)
             if kind is BlockRemoved and event.medium != HOST_MEDIUM:
-                self._evicted(rep, event.block_hashes)
+                self._evicted(event.block_hashes)
             elif kind is BlockStored and event.medium != HOST_MEDIUM:
                 self._stored(rep, event.block_hashes)
-            elif kind is AllBlocksCleared:
-                rep.ghosts.clear()  # a reset, not an eviction: what comes back after it is no sign of a small cache
-        return rep.comeback
+        return rep.comeback  # a reset (AllBlocksCleared) evicts nothing: what it dropped is not a ghost
 
-    def _evicted(self, rep: ReplicaGhosts, hashes: Iterable) -> None:
-        ghosts, cap = rep.ghosts, self.capacity_blocks
+    def _evicted(self, hashes: Iterable) -> None:
+        ghosts, cap = self._ghosts, self.capacity_blocks * max(1, len(self._replicas))
         for h in hashes:
             ghosts[h] = None
             ghosts.move_to_end(h)
@@ -80,7 +79,7 @@ class EvictionGhosts:
             ghosts.popitem(last=False)
 
     def _stored(self, rep: ReplicaGhosts, hashes: Iterable) -> None:
-        ghosts, rate, share = rep.ghosts, self.rate, rep.comeback
+        ghosts, rate, share = self._ghosts, self.rate, rep.comeback
         for h in hashes:
             back = ghosts.pop(h, 0) is None
             share += rate * ((1.0 if back else 0.0) - share)
@@ -94,10 +93,15 @@ class EvictionGhosts:
         return 0.0 if rep is None else rep.comeback
 
     def counts(self, replica_id: ReplicaId) -> tuple[int, int, int]:
-        """(blocks stored, of them come back, ghosts held now) for a replica."""
+        """(blocks stored, of them come back) for a replica."""
         rep = self._replicas.get(replica_id)
-        return (0, 0, 0) if rep is None else (rep.stored, rep.came_back, len(rep.ghosts))
+        return (0, 0) if rep is None else (rep.stored, rep.came_back)
+
+    @property
+    def num_ghosts(self) -> int:
+        """Evicted hashes held now."""
+        return len(self._ghosts)
 
     def forget(self, replica_id: ReplicaId) -> None:
-        """Drop a replica's ghosts (it left the router)."""
+        """Drop a replica's counts (it left the router); its evictions stay ghosts until pushed out."""
         self._replicas.pop(replica_id, None)

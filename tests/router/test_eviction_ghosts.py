@@ -28,14 +28,14 @@ def test_a_block_stored_again_after_its_eviction_came_back():
     ghosts.apply("r", [removed(TOKENS, BS, [1])])
     assert ghosts.apply("r", [stored(TOKENS, BS, 1, 1)]) == pytest.approx(0.25)
     assert ghosts.apply("r", [stored(TOKENS, BS, 2, 1)]) == pytest.approx(0.25 * 0.75)
-    assert ghosts.counts("r") == (4, 1, 0)  # stored 4, one came back, its ghost consumed
+    assert ghosts.counts("r") == (4, 1) and ghosts.num_ghosts == 0  # stored 4, one came back, its ghost consumed
     assert ghosts.comeback("other") == 0.0
 
 
 def test_the_ghost_list_is_bounded_and_forgets_the_oldest():
     ghosts = EvictionGhosts(capacity_blocks=2, window_blocks=1)
     ghosts.apply("r", [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
-    assert ghosts.counts("r")[2] == 2
+    assert ghosts.num_ghosts == 2
     assert ghosts.apply("r", [stored(TOKENS, BS, 0, 1)]) == 0.0  # forgotten: not a comeback
     assert ghosts.apply("r", [stored(TOKENS, BS, 1, 1)]) == 1.0  # window 1: the last stored block alone
 
@@ -44,10 +44,19 @@ def test_host_tier_events_and_resets_are_not_evictions():
     ghosts = EvictionGhosts(window_blocks=1)
     ghosts.apply("r", [stored(TOKENS, BS), removed(TOKENS, BS, [0], medium="CPU")])
     assert ghosts.apply("r", [stored(TOKENS, BS, 0, 1)]) == 0.0
-    ghosts.apply("r", [removed(TOKENS, BS, [1]), AllBlocksCleared()])
+    ghosts.apply("r", [AllBlocksCleared()])  # a reset evicts nothing: what it dropped is no ghost
     assert ghosts.apply("r", [stored(TOKENS, BS, 1, 1)]) == 0.0
     with pytest.raises(ValueError, match="capacity_blocks"):
         EvictionGhosts(capacity_blocks=0)
+
+
+def test_a_block_one_replica_evicted_comes_back_on_another():
+    """A request moved away from its prefix brings the blocks its old replica lost back elsewhere."""
+    ghosts = EvictionGhosts(capacity_blocks=1, window_blocks=1)
+    ghosts.apply("a", [stored(TOKENS, BS, 0, 1), removed(TOKENS, BS, [0])])
+    ghosts.apply("b", [stored(TOKENS, BS, 1, 1), removed(TOKENS, BS, [1])])  # two replicas seen: room for two
+    assert ghosts.num_ghosts == 2
+    assert ghosts.apply("b", [stored(TOKENS, BS, 0, 1)]) == 1.0 and ghosts.comeback("a") == 0.0
 
 
 def test_the_router_keeps_comeback_on_the_replicas_load():
@@ -58,7 +67,7 @@ def test_the_router_keeps_comeback_on_the_replicas_load():
     assert load.comeback == pytest.approx(1 / 1024)  # one of five stored blocks, window 1024
     router.apply_events("gone", [BlockRemoved(block_hashes=[1], medium="GPU")])  # unknown replica: ignored
     router.remove_replica("a")
-    assert router.ghosts.counts("a") == (0, 0, 0)
+    assert router.ghosts.counts("a") == (0, 0)
 
 
 def _policy(**knobs):
