@@ -89,8 +89,8 @@ def test_a_second_copy_costs_what_its_eviction_brings_back():
     loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000, comeback=0.6), "idle": ReplicaLoad(comeback=1.0)}
     costs = _policy(ghost_weight=1.0).costs(keys, {"holder": 60}, loads)
     assert costs == {"holder": pytest.approx(1264.0), "idle": pytest.approx(1024 + 0.8 * 960)}
-    assert _policy().choose(keys, tiers, loads) == "holder"  # the default prices the copy
-    assert _policy(ghost_weight=0.0).choose(keys, tiers, loads) == "idle"
+    assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "holder"
+    assert _policy().choose(keys, tiers, loads) == "idle"  # off by default
     loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000), "idle": ReplicaLoad()}
     assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "idle"
 
@@ -113,17 +113,17 @@ def test_a_pull_is_priced_at_its_share_of_the_compute_time():
     assert stored_tokens(1024, {"holder": 60}, loads, BS, PullPriors(True), 0.0)["other"].pulled == 0
 
 
-def test_the_default_prices_a_pull():
+def test_the_default_prices_a_pull_when_told():
     """The holder's 3,000 queued tokens (450 weighted) outweigh the idle replica's 64 + 73 for its pulled tokens."""
     loads = {"holder": _pulling(pending_prefill_tokens=12_000), "idle": _pulling()}
     keys, tiers = list(range(64)), TierMatches({"holder": 60})
-    policy = _policy()  # the default prices pulls
+    policy = _policy(price_pulls=True)
     policy.use_pulls(PullPriors(True))
     costs = policy.costs(keys, {"holder": 60}, loads)
     assert costs["idle"] == pytest.approx(64 + 960 * (60 * (1 << 20) / 1e10 + 0.001) / 0.096)
     assert policy.choose(keys, tiers, {"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()}) \
         == "idle"  # 64 + 450 against 137
-    unpriced = _policy(price_pulls=False)
+    unpriced = _policy()  # off by default
     unpriced.use_pulls(PullPriors(True))
     assert unpriced.choose(keys, tiers, {"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()}) \
         == "holder"  # 514 against 1024

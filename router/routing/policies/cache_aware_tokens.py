@@ -35,9 +35,9 @@ no prefill rate gets the mean of those that do; with no rate anywhere the costs 
 host hit counts as a device hit (its load-back cannot be priced). A request naming a LoRA adapter that a
 candidate reports is priced the same way in seconds, plus the adapter's load where it is not resident (its size
 over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/estimate.py).
-**Stored tokens**: ``price_pulls`` prices the prefix a candidate would pull from a peer at the pull's share of its
+**Stored tokens** (options, off: BENCHMARKS.md has their verdict): ``price_pulls`` prices the prefix a candidate would pull from a peer at the pull's share of its
 compute time, ``ghost_weight`` a second copy of blocks another replica holds by how often evicted blocks come back
-(router/routing/eviction_ghosts.py); both in cost/stored_tokens.py, measured in BENCHMARKS.md.
+(router/routing/eviction_ghosts.py); both in cost/stored_tokens.py.
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -102,11 +102,11 @@ class CacheAwareTokensConfig(PolicyConfig):
     """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``: ``with_step_budget``).
     A running request slows every step, so it costs ``decode_weight`` per step until the new request's prefill is
     done: (queued + uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
-    ghost_weight: float = 1.0
+    ghost_weight: float = 0.0
     """Eviction damage: a candidate's copy of blocks another replica holds costs ``ghost_weight`` x the share of
     stored blocks the fleet had evicted before (``comeback``, from the KV events: router/routing/eviction_ghosts.py)
     more per token (cost/stored_tokens.py). 0: off."""
-    price_pulls: bool = True
+    price_pulls: bool = False
     """Price the prefix a candidate would pull from a peer (peer pulls on) at the pull's share of its compute time,
     not as computed tokens (cost/stored_tokens.py)."""
 
