@@ -92,7 +92,7 @@ class EvictionGhosts:
         rep = self._replicas.get(replica_id)
         return 0.0 if rep is None else rep.comeback
 
-    def counts(self, replica_id: ReplicaId) -> tuple[int, int, int]:
+    def counts(self, replica_id: ReplicaId) -> tuple[int, int]:
         """(blocks stored, of them come back) for a replica."""
         rep = self._replicas.get(replica_id)
         return (0, 0) if rep is None else (rep.stored, rep.came_back)
