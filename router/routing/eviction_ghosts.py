@@ -10,8 +10,9 @@ no eviction coming back (or none at all) ``comeback`` is 0.
 
 The ghost list keeps the fleet's last ``capacity_blocks`` evictions per replica seen (a re-store within about one
 cache's worth of evictions counts; older ones are forgotten), so memory is bounded by ``capacity_blocks`` hashes per
-replica. Host-tier events (``medium="CPU"``) are not the device caches' and are ignored. A block comes back across
-replicas only where they hash blocks alike (the same hash seed, as the index needs to match them at all). No peer
+replica. Host-tier events (``medium="CPU"``) are not the device caches' and are ignored. A block comes back on another
+replica only where the replicas' external hashes of a block agree (engines hashing with the same seed); else only on
+the replica that evicted it. No peer
 router keeps this: Dynamo and llm-d read the same events only to know what is cached now.
 """
 
