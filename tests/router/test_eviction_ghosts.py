@@ -74,6 +74,11 @@ def _policy(**knobs):
     return get_policy("cache_aware_tokens", policy_config("cache_aware_tokens", {"churn_weight": 0.0, **knobs}), BS)
 
 
+def test_a_negative_ghost_weight_is_refused_by_name():
+    with pytest.raises(ValueError, match="ghost_weight must be >= 0"):
+        policy_config("cache_aware_tokens", {"ghost_weight": -1.0})
+
+
 def test_a_token_no_replica_holds_is_not_damage():
     """No candidate holds the prompt: it is stored somewhere whichever takes it, so comeback prices nothing."""
     loads = {"thrashing": ReplicaLoad(comeback=0.5), "calm": ReplicaLoad()}

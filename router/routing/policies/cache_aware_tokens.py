@@ -35,9 +35,9 @@ no prefill rate gets the mean of those that do; with no rate anywhere the costs 
 host hit counts as a device hit (its load-back cannot be priced). A request naming a LoRA adapter that a
 candidate reports is priced the same way in seconds, plus the adapter's load where it is not resident (its size
 over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/estimate.py).
-**Stored tokens** (options, off: BENCHMARKS.md has their verdict): ``price_pulls`` prices the prefix a candidate would pull from a peer at the pull's share of its
-compute time, ``ghost_weight`` a second copy of blocks another replica holds by how often evicted blocks come back
-(router/routing/eviction_ghosts.py); both in cost/stored_tokens.py.
+**Stored tokens** (options, off: BENCHMARKS.md has their verdict): ``price_pulls`` prices the prefix a candidate
+would pull from a peer at the pull's share of its compute time, ``ghost_weight`` a second copy of blocks another
+replica holds by how often evicted blocks come back (router/routing/eviction_ghosts.py); both in cost/stored_tokens.py.
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -113,11 +113,9 @@ class CacheAwareTokensConfig(PolicyConfig):
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
         for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
-                     "backlog_release_tokens"):
+                     "backlog_release_tokens", "ghost_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.ghost_weight >= 0:
-            raise ValueError(f"ghost_weight must be >= 0, got {self.ghost_weight}")
         if not self.decode_step_tokens > 0:
             raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
         if not self.churn_clamp >= 1:
