@@ -45,6 +45,9 @@ class ReplicaLoad:
     recent_prefill: float = 0.0
     """Uncached prompt tokens this router sent here, exponentially decayed (``LoadTracker.churn_tau_s``):
     how fast the replica's cache turns over. In the tracker's scaled units: compare replicas only."""
+    comeback: float = 0.0
+    """Share of the blocks the replica stored lately that it had evicted before (from its KV events:
+    router/routing/eviction_ghosts.py): how much reuse its cache is too small to keep."""
 
     prefill_tokens_per_s: float | None = None
     """Prompt tokens per second the replica measured itself computing (None: not reported)."""

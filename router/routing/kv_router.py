@@ -21,6 +21,7 @@ from kvmesh.router.replicas.roles import BOTH, check_role
 from kvmesh.router.routing import routable
 from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
+from kvmesh.router.routing.eviction_ghosts import EvictionGhosts
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import (
@@ -59,6 +60,7 @@ class KVRouter:
         """One record per replica (router/replicas/): its role, health, degraded causes, load, ..."""
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
+        self.ghosts = EvictionGhosts()  # what each replica evicts and what comes back: ReplicaLoad.comeback
         self.loads = LoadTracker(self.replicas)
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate
@@ -84,6 +86,7 @@ class KVRouter:
 
     def _removed(self, replica: Replica) -> None:
         self.index.remove_replica(replica.id)
+        self.ghosts.forget(replica.id)
         self.sessions.forget_replica(replica.id)
 
     @property
@@ -157,8 +160,9 @@ class KVRouter:
         """Apply a replica's event batch (called from the subscriber's thread)."""
         events = batch_or_events.events if isinstance(batch_or_events, EventBatch) else batch_or_events
         with self.lock:
-            if replica_id in self.replicas:
+            if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
+                replica.load.comeback = self.ghosts.apply(replica_id, events)
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions

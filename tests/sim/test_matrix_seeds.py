@@ -88,6 +88,9 @@ def test_the_seeds_flags_reach_the_runner(tmp_path, monkeypatch):
     assert (got["min_seeds"], got["max_seeds"], got["policies"]) == (10, 20, [DEFAULT_POLICY, "sglang"])
     with pytest.raises(SystemExit, match="must name the default"):
         policy_matrix.main(["--seeds", "10", "--policies", "sglang", "--out", str(tmp_path / "v.json")])
+    policy_matrix.main(["--seeds", "10", "--workloads", "chatbot", "--rates", "2x", "--kv", "pull25G",
+                        "--policy-kwargs", "price_pulls=true", "--out", str(tmp_path / "o.json")])
+    assert got["cells"][0][2] == [*policy_matrix.KV["pull25G"], "--policy-kwargs", "price_pulls=true"]
 
 
 def test_one_real_cell_on_a_small_cut(tmp_path):

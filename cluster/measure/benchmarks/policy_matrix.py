@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-seeds", type=int, default=20, help="with --seeds: most seeds an undecided cell gets")
     ap.add_argument("--policies", default=None, help="with --seeds: the policies compared (default: the headline's)")
     ap.add_argument("--timeout-s", type=float, default=7200.0, help="with --seeds: most seconds of one seed's run")
+    ap.add_argument("--policy-kwargs", action="append", default=[], metavar="K=V",
+                    help="with --seeds: a knob of the policies compared, each taking the ones it has (kvmesh sim's "
+                         "--policy-kwargs; e.g. the default's price_pulls=true); name another --out")
     args = ap.parse_args(argv)
     if args.seeds is not None:
         return _run_seeds(args)
@@ -192,7 +195,8 @@ def _run_seeds(args: argparse.Namespace) -> None:
         raise SystemExit(f"--seeds needs at least 2 and --max-seeds at least --seeds; got {args.seeds}, "
                          f"{args.max_seeds}")
     out = Path("results/policy_verdict.json" if args.out == "results/policy_matrix.json" else args.out)
-    cells = [(f"{w}/{rate}/{kv}", RATES[rate], KV[kv]) for rate in args.rates.split(",")
+    knobs = [flag for kv in args.policy_kwargs for flag in ("--policy-kwargs", kv)]
+    cells = [(f"{w}/{rate}/{kv}", RATES[rate], KV[kv] + knobs) for rate in args.rates.split(",")
              for kv in args.kv.split(",") for w in args.workloads.split(",")]
     policies = args.policies.split(",") if args.policies else list(POLICIES)
     if policies[0] != DEFAULT_POLICY:

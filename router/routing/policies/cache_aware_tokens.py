@@ -35,6 +35,9 @@ no prefill rate gets the mean of those that do; with no rate anywhere the costs 
 host hit counts as a device hit (its load-back cannot be priced). A request naming a LoRA adapter that a
 candidate reports is priced the same way in seconds, plus the adapter's load where it is not resident (its size
 over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/estimate.py).
+**Stored tokens** (options, off: BENCHMARKS.md has their verdict): ``price_pulls`` prices the prefix a candidate
+would pull from a peer at the pull's share of its compute time, ``ghost_weight`` a second copy of blocks another
+replica holds by how often evicted blocks come back (router/routing/eviction_ghosts.py); both in cost/stored_tokens.py.
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -52,6 +55,7 @@ from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.routing.cost import FleetRates
 from kvmesh.router.routing.cost.estimate import adapter_s
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
+from kvmesh.router.routing.cost.stored_tokens import pulls_possible, stored_tokens
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
     Loads,
@@ -98,11 +102,18 @@ class CacheAwareTokensConfig(PolicyConfig):
     """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``: ``with_step_budget``).
     A running request slows every step, so it costs ``decode_weight`` per step until the new request's prefill is
     done: (queued + uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
+    ghost_weight: float = 0.0
+    """Eviction damage: a candidate's copy of blocks another replica holds costs ``ghost_weight`` x the share of
+    stored blocks the fleet had evicted before (``comeback``, from the KV events: router/routing/eviction_ghosts.py)
+    more per token (cost/stored_tokens.py). 0: off."""
+    price_pulls: bool = False
+    """Price the prefix a candidate would pull from a peer (peer pulls on) at the pull's share of its compute time,
+    not as computed tokens (cost/stored_tokens.py)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
         for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
-                     "backlog_release_tokens"):
+                     "backlog_release_tokens", "ghost_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.decode_step_tokens > 0:
@@ -127,6 +138,8 @@ class CacheAwareTokensPolicy(Policy):
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, get = self.block_size, self.config.decode_weight, matches.get
         churn = self._churn_factor(loads)
+        if self._prices_stored(loads):
+            return self._stored_costs(prompt, matches, loads, churn)
         out = {}
         for rid, load in loads.items():
             uncached: float = prompt - bs * get(rid, 0)
@@ -136,6 +149,26 @@ class CacheAwareTokensPolicy(Policy):
             if churn:
                 uncached *= self._turnover(churn * load.recent_prefill)
             out[rid] = uncached + self._backlog_cost(backlog) + w * steps * load.decode_load
+        return out
+
+    def _prices_stored(self, loads: Loads) -> bool:
+        """Eviction damage or pulls are priced for these candidates (``_stored_costs``)."""
+        c = self.config
+        return bool((c.ghost_weight and any(load.comeback for load in loads.values()))
+                    or (c.price_pulls and pulls_possible(self.pulls, loads)))
+
+    def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float) -> dict[ReplicaId, float]:
+        """``costs`` with the new tokens priced by cost/stored_tokens.py: pulled ones at the pull's share, plus the
+        eviction damage of storing them."""
+        c = self.config
+        stored = stored_tokens(prompt, matches, loads, self.block_size, self.pulls if c.price_pulls else None,
+                               c.ghost_weight)
+        out = {}
+        for rid, load in loads.items():
+            s, backlog = stored[rid], load.prefill_backlog
+            steps = self._steps(backlog + s.computed)
+            price = s.price * self._turnover(churn * load.recent_prefill) if churn and s.price else s.price
+            out[rid] = price + s.damage + self._backlog_cost(backlog) + c.decode_weight * steps * load.decode_load
         return out
 
     def _steps(self, prefill_tokens: float) -> float:
@@ -195,7 +228,7 @@ class CacheAwareTokensPolicy(Policy):
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         c, matches, host_matches = self.config, tiers.device, tiers.host
-        if host_matches or c.temperature > 0 or self._prices_adapter(lora_name, loads):
+        if host_matches or c.temperature > 0 or self._prices_adapter(lora_name, loads) or self._prices_stored(loads):
             costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens, lora_name)
                      if host_matches or lora_name is not None
                      else self.costs(request_keys, matches, loads, num_prompt_tokens))

@@ -1,0 +1,100 @@
+"""The prompt tokens a candidate would take into its cache, priced in prefill tokens for ``cache_aware_tokens``: the
+ones it computes, the ones it may pull from a peer instead (at the pull's share of their compute time), and the
+eviction damage of storing them where evicted blocks come back.
+
+For a candidate holding ``own`` leading blocks of a prompt of ``prompt`` tokens::
+
+    computed = prompt - block_size * (own + pulled_blocks)     (at least 0)
+    price    = computed + pull_share * pulled_tokens            a pulled token costs pull_s / compute_s of one computed
+    damage   = ghost_weight * comeback * duplicated               duplicated: tokens it stores that another holds
+
+``pulled_blocks``: when pulls are priced (``PullPriors`` enabled) and the best device holder among the candidates
+holds more leading blocks than the candidate, both report KV transfer on and the pull costs fewer seconds than
+computing those tokens (pull.py, estimate.py's prefill rate), the candidate pulls the difference, as ``KVRouter``
+then plans it (kv_placement.py). ``comeback`` (``ReplicaLoad.comeback``, router/routing/eviction_ghosts.py) is the
+share of the blocks a replica stored lately that it had evicted before, and ``comeback`` here its mean over the
+candidates: every token stored evicts one, which comes back (is recomputed) with about this probability. A token no
+replica holds must be stored somewhere, whichever candidate takes it; a token the candidate would compute or pull
+while another replica holds it (``duplicated``: up to the best holder's match) is a second copy, one more block of
+the fleet's cache taken, so it costs ``comeback`` more tokens later. ``ghost_weight`` 1 prices that expectation at
+face value; with no evictions coming back anywhere it is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.routing.cost.estimate import prefill_s_per_token
+from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTokens:
+    """One candidate's new tokens for a request."""
+
+    computed: float
+    """Prompt tokens it would compute."""
+    pulled: float
+    """Prompt tokens it would pull from a peer instead."""
+    price: float
+    """Their price in prefill tokens: ``computed + pull_share * pulled``."""
+    damage: float
+    """Tokens its evictions are expected to cost later: ``ghost_weight * comeback * duplicated``."""
+
+
+def stored_tokens(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[ReplicaId, ReplicaLoad],
+                  block_size: int, pulls: PullPriors | None, ghost_weight: float) -> dict[ReplicaId, StoredTokens]:
+    """Every candidate's ``StoredTokens`` (``matches``: leading device blocks each holds)."""
+    holder, best = _holder(prompt, matches, loads, block_size, pulls)
+    fleet = FleetRates.of(loads.values()) if holder is not None else None
+    held = min(max((m for rid, m in matches.items() if rid in loads), default=0), reusable_blocks(prompt, block_size))
+    comeback = ghost_weight * sum(load.comeback for load in loads.values()) / len(loads) if ghost_weight else 0.0
+    out = {}
+    for rid, load in loads.items():
+        own = matches.get(rid, 0)
+        computed = float(max(prompt - block_size * own, 0))
+        pulled, price = 0.0, computed
+        if fleet is not None and best > own and rid != holder and can_pull(load, loads[holder], pulls):
+            share = pull_share(load, fleet, best - own, block_size, pulls)
+            if share is not None:
+                pulled = float(min(computed, (best - own) * block_size))
+                computed -= pulled
+                price = computed + share * pulled
+        damage = comeback * block_size * (held - own) if comeback and held > own else 0.0
+        out[rid] = StoredTokens(computed, pulled, price, damage)
+    return out
+
+
+def pull_share(load: ReplicaLoad, fleet: FleetRates, num_blocks: int, block_size: int,
+               pulls: PullPriors) -> float | None:
+    """Seconds to pull ``num_blocks`` to ``load``'s replica over seconds to compute them there, when under 1 (None:
+    no cheaper pull, or it cannot be priced)."""
+    seconds = pull_seconds(load, fleet, num_blocks, block_size, pulls)
+    spt = prefill_s_per_token(load, fleet)
+    if seconds is None or spt is None:
+        return None
+    compute_s = num_blocks * block_size * spt
+    return seconds / compute_s if seconds < compute_s else None
+
+
+def _holder(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[ReplicaId, ReplicaLoad], block_size: int,
+            pulls: PullPriors | None) -> tuple[ReplicaId | None, int]:
+    """The candidate holding the most leading blocks that can be pulled from, and how many (at most the reusable
+    ones: an engine computes the last token); (None, 0) when pulls are off or none holds any."""
+    if pulls is None or not pulls.enabled:
+        return None, 0
+    holder, best = None, 0
+    for rid, m in matches.items():
+        if m > best and rid in loads and loads[rid].kv_transfer_enabled:
+            holder, best = rid, m
+    return holder, min(best, reusable_blocks(prompt, block_size))
+
+
+def pulls_possible(pulls: PullPriors | None, loads: Mapping[ReplicaId, ReplicaLoad]) -> bool:
+    """Pulls are priced and some candidate reports KV transfer on."""
+    return pulls is not None and pulls.enabled and any(load.kv_transfer_enabled for load in loads.values())

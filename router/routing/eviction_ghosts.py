@@ -1,0 +1,109 @@
+"""What the replicas evict and whether it comes back: a bounded ghost list of evicted block hashes, fed by the
+``BlockRemoved`` / ``BlockStored`` events the router already applies to its index.
+
+A block a replica evicts becomes a *ghost* (its external hash only, no data). When a replica stores a block whose hash
+is still a ghost, the block came back: the fleet recomputed (or pulled) something one of its caches had and lost,
+there or on another replica (a request moved away from its prefix brings its blocks back elsewhere). The share of a
+replica's stored blocks that come back this way (``comeback``, decayed over its last ``window_blocks`` stored blocks)
+says how much reuse the caches are too small to keep: a new block placed there evicts one likely needed again. With
+no eviction coming back (or none at all) ``comeback`` is 0.
+
+The ghost list keeps the fleet's last ``capacity_blocks`` evictions per replica seen (a re-store within about one
+cache's worth of evictions counts; older ones are forgotten), so memory is bounded by ``capacity_blocks`` hashes per
+replica. Host-tier events (``medium="CPU"``) are not the device caches' and are ignored. A block comes back on another
+replica only where the replicas' external hashes of a block agree (engines hashing with the same seed); else only on
+the replica that evicted it. No peer
+router keeps this: Dynamo and llm-d read the same events only to know what is cached now.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvmesh.events.schema import HOST_MEDIUM, BlockRemoved, BlockStored
+from kvmesh.router.replicas.replica import ReplicaId
+
+DEFAULT_GHOST_BLOCKS = 8192
+"""Evicted block hashes kept per replica (about a replica's cache worth in the simulator's 512-token blocks)."""
+DEFAULT_WINDOW_BLOCKS = 1024
+"""Stored blocks over which ``comeback`` is averaged (exponentially: each stored block weighs ``1 / window``)."""
+
+
+@dataclass(slots=True)
+class ReplicaGhosts:
+    """One replica's decayed comeback share and counts."""
+
+    comeback: float = 0.0
+    """Decayed share of stored blocks that were ghosts (came back after an eviction here)."""
+    stored: int = 0
+    """Device blocks stored (counted)."""
+    came_back: int = 0
+    """Of them, blocks that were ghosts."""
+
+
+class EvictionGhosts:
+    """The fleet's recent evictions (keys only) and, per replica, the share of its stores that re-store one of them."""
+
+    def __init__(self, capacity_blocks: int = DEFAULT_GHOST_BLOCKS,
+                 window_blocks: int = DEFAULT_WINDOW_BLOCKS) -> None:
+        if capacity_blocks < 1 or window_blocks < 1:
+            raise ValueError(f"capacity_blocks and window_blocks must be >= 1, got {capacity_blocks} and "
+                             f"{window_blocks}")
+        self.capacity_blocks = capacity_blocks
+        """Evicted hashes kept per replica seen."""
+        self.rate = 1.0 / window_blocks
+        """Weight of one stored block in ``comeback``."""
+        self._replicas: dict[ReplicaId, ReplicaGhosts] = {}
+        self._ghosts: OrderedDict = OrderedDict()
+        """Evicted external block hash -> None, the oldest eviction first."""
+
+    def apply(self, replica_id: ReplicaId, events: Iterable) -> float:
+        """Take a replica's events (device medium only); returns its ``comeback`` after them."""
+        rep = self._replicas.get(replica_id)
+        if rep is None:
+            rep = self._replicas[replica_id] = ReplicaGhosts()
+        for event in events:
+            kind = type(event)
+            if kind is BlockRemoved and event.medium != HOST_MEDIUM:
+                self._evicted(event.block_hashes)
+            elif kind is BlockStored and event.medium != HOST_MEDIUM:
+                self._stored(rep, event.block_hashes)
+        return rep.comeback  # a reset (AllBlocksCleared) evicts nothing: what it dropped is not a ghost
+
+    def _evicted(self, hashes: Iterable) -> None:
+        ghosts, cap = self._ghosts, self.capacity_blocks * max(1, len(self._replicas))
+        for h in hashes:
+            ghosts[h] = None
+            ghosts.move_to_end(h)
+        while len(ghosts) > cap:
+            ghosts.popitem(last=False)
+
+    def _stored(self, rep: ReplicaGhosts, hashes: Iterable) -> None:
+        ghosts, rate, share = self._ghosts, self.rate, rep.comeback
+        for h in hashes:
+            back = ghosts.pop(h, 0) is None
+            share += rate * ((1.0 if back else 0.0) - share)
+            rep.came_back += back
+            rep.stored += 1
+        rep.comeback = share
+
+    def comeback(self, replica_id: ReplicaId) -> float:
+        """The replica's decayed share of stored blocks that came back after an eviction (0: none seen)."""
+        rep = self._replicas.get(replica_id)
+        return 0.0 if rep is None else rep.comeback
+
+    def counts(self, replica_id: ReplicaId) -> tuple[int, int]:
+        """(blocks stored, of them come back) for a replica."""
+        rep = self._replicas.get(replica_id)
+        return (0, 0) if rep is None else (rep.stored, rep.came_back)
+
+    @property
+    def num_ghosts(self) -> int:
+        """Evicted hashes held now."""
+        return len(self._ghosts)
+
+    def forget(self, replica_id: ReplicaId) -> None:
+        """Drop a replica's counts (it left the router); its evictions stay ghosts until pushed out."""
+        self._replicas.pop(replica_id, None)
