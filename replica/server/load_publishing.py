@@ -109,6 +109,7 @@ class LoadPublishing:
         return joining, tokens
 
     def _run(self) -> None:
+        due = 0.0  # when the steps' next update may go (a request accepted goes at once, not counted)
         while not self._stop:
             self._wake.clear()
             try:
@@ -118,7 +119,10 @@ class LoadPublishing:
             except Exception:  # pragma: no cover - a bug here must not stop the replica
                 logger.exception("publishing the replica's load failed; routers fall back to polling /load")
                 return
-            if self._wake.wait(self.interval_s):  # a request accepted meanwhile: published at once
+            now = time.monotonic()
+            if now >= due:
+                due = now + self.interval_s
+            if self._wake.wait(due - now):  # a request accepted meanwhile: published at once
                 continue
             if not self.engine.scheduler.requests:  # idle: until a request is accepted (or a second passed)
                 self._wake.wait(IDLE_WAIT_S)

@@ -43,13 +43,16 @@ class SimLoadPublishing:
     def wait(self, replica_id: str, now: float, interval_s: float, due: bool, accepted: bool = False) -> float | None:
         """Seconds until ``replica_id`` may publish a change made at ``now`` (0: now; None: an update is already
         due then). ``due``: the wait asked for before is over; ``accepted``: the change is a request it accepted,
-        published at once whatever the interval (the routers that did not send it must see it before they choose)."""
+        published at once whatever the interval, which counts only the updates its steps caused (the routers that
+        did not send it must see it before they choose)."""
         if due:
             self._due.discard(replica_id)
         elif replica_id in self._due and not accepted:
             return None
+        if accepted:  # not counted against the interval, which caps the steps' updates
+            return 0.0
         wait = self._published_at.get(replica_id, -interval_s) + interval_s - now
-        if wait > 1e-12 and not accepted:
+        if wait > 1e-12:
             self._due.add(replica_id)
             return wait
         self._published_at[replica_id] = now
