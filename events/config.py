@@ -48,8 +48,9 @@ class PublisherConfig:
     never read can make this process hold."""
 
     load_interval_s: float = 0.005
-    """Least seconds between two of the replica's load updates (events/load.py), sent on the replay socket to
-    the routers that ask, when its load changed; 0 = it publishes no load (routers poll ``/load``)."""
+    """Least seconds between two of the replica's load updates (events/load.py) that its engine steps cause, sent on
+    the replay socket to the routers that ask, when its load changed (a request accepted is sent at once); 0 = it
+    publishes no load (routers poll ``/load``)."""
 
     curve_secret_key: str | None = field(default=None, repr=False)
     """SECRET: this publisher's CURVE secret key (Z85). Set -> the PUB and replay sockets are CURVE

@@ -7,9 +7,9 @@ latest update at once, then every later one for ``LOAD_LEASE_S`` after its last 
 within that, so a router that stopped costs the replica nothing after the lease. A plain vLLM subscriber never
 asks and never sees one; the CURVE keys of a private stream cover the replay socket, and so these updates.
 
-A replica publishes when its load changed, at most once per ``min_interval_s`` (its engine steps are the usual
-pace) and at least every ``max_interval_s`` while it has requests, so a router's view lags the replica by one
-engine step plus the network.
+A replica publishes at once when it accepts a request (every router then counts it one network hop later), and
+when its engine steps changed its load at most once per interval (``EventsConfig.load_interval_s``), so a router's
+view lags the replica by the network for what it accepted, and by one interval plus the network for its progress.
 """
 
 from __future__ import annotations

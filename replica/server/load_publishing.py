@@ -1,11 +1,14 @@
 """A replica publishes its own load on its event stream (events/load.py), for every router at once.
 
     handler   accept(booking, request ids, prompt tokens)   a request was queued (completions.py)
-    thread    every ``interval_s`` while the engine has requests, and when one is accepted while it has none:
+    thread    at once when a request is accepted, and every ``interval_s`` while the engine has requests:
               the load, if it changed since the last update -> ``ZmqEventPublisher.publish_load``
 
-The load is read racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py). A request
-the engine has not started computing counts its prompt less the prefix its router expected cached (the
+An accepted request is published without waiting out the interval: the routers that did not send it must count it
+before their next choice (a burst reaches several routers within a network hop). The interval caps the updates
+that engine steps cause. The load is read racily off the engine thread's state, as ``/load`` reads it
+(engine/load_fields.py); a request accepted that the engine thread has not taken in yet counts as waiting. A
+request the engine has not started computing counts its prompt less the prefix its router expected cached (the
 booking's uncached tokens, replica/openai/router_booking.py): without a booking, its whole prompt.
 """
 
@@ -30,8 +33,9 @@ logger = logging.getLogger(__name__)
 IDLE_WAIT_S = 1.0
 """Seconds the thread sleeps while the engine has no requests (an accept wakes it)."""
 FORGET_S = 1.0
-"""Seconds after its accept a request's expected cache is forgotten once it is not in the engine."""
-_NONE = (0, 0.0)
+"""Seconds after its accept a request not in the engine is forgotten (the engine took it in and it left, or it
+never joined)."""
+_NONE = (0, 0, 0.0, True)
 
 
 class LoadPublishing:
@@ -41,8 +45,9 @@ class LoadPublishing:
         self.engine, self.publisher, self.interval_s = engine, publisher, interval_s
         self.ledger = LoadLedger()
         self._lock = threading.Lock()
-        self._cached: dict[str, tuple[int, float]] = {}  # engine request id -> (prompt tokens its router expected
-        # cached, when accepted): kept until it left the engine (or never joined it within FORGET_S)
+        self._cached: dict[str, tuple[int, int, float, bool]] = {}  # engine request id -> (prompt tokens its router
+        # expected cached, its prompt tokens, when accepted, seen in the engine): kept until it left the engine (or
+        # never joined it within FORGET_S)
         self._last: tuple | None = None
         self._wake = threading.Event()
         self._stop = False
@@ -61,11 +66,10 @@ class LoadPublishing:
         """A request's engine requests ``request_ids`` were queued (handler thread)."""
         uncached = prompt_tokens if booking is None else min(prompt_tokens, booking[2])
         with self._lock:
-            self.ledger.accept(None if booking is None else booking[:2], prompt_tokens, uncached, time.monotonic())
-            if booking is not None:
-                now = time.monotonic()
-                for rid in request_ids:
-                    self._cached[rid] = (prompt_tokens - uncached, now)
+            now = time.monotonic()
+            self.ledger.accept(None if booking is None else booking[:2], prompt_tokens, uncached, now)
+            for rid in request_ids:
+                self._cached[rid] = (prompt_tokens - uncached, prompt_tokens, now, False)
         self._wake.set()
 
     def update(self, force: bool = False) -> ReplicaLoadUpdate | None:
@@ -75,13 +79,11 @@ class LoadPublishing:
         requests = read_racily(lambda: list(sched.requests.values()))
         with self._lock:
             cached = self._cached
-            live = {r.request_id for r in requests} if cached else ()
-            horizon = time.monotonic() - FORGET_S  # the engine thread may not have taken a new one in yet
-            for rid in [rid for rid, (_, at) in cached.items() if rid not in live and at < horizon]:
-                del cached[rid]
-            queued = sum(max(0, r.num_prompt_tokens - max(r.num_computed_tokens, cached.get(r.request_id, _NONE)[0]))
-                         for r in requests)
-            running, waiting = len(sched.running), len(sched.waiting)
+            joining, joining_tokens = self._joining({r.request_id for r in requests} if cached else set())
+            queued = joining_tokens + sum(
+                max(0, r.num_prompt_tokens - max(r.num_computed_tokens, cached.get(r.request_id, _NONE)[0]))
+                for r in requests)
+            running, waiting = len(sched.running), len(sched.waiting) + joining
             key = (running, waiting, queued, tuple(self.ledger.accepted.items()))
             if key == self._last and not force:
                 return None
@@ -91,7 +93,23 @@ class LoadPublishing:
                 time.monotonic(), time.time(), running, waiting, queued, float(engine.kv_cache_manager.usage),
                 engine.prefill_rate.tokens_per_s, None if step is None else step[0], engine.decode_step_time.num_steps)
 
+    def _joining(self, live: set[str]) -> tuple[int, int]:
+        """The requests accepted that the engine thread has not taken in yet, and their uncached prompt tokens;
+        forgets those that left the engine (or never joined it within ``FORGET_S``). Under the lock."""
+        cached, horizon = self._cached, time.monotonic() - FORGET_S
+        joining = tokens = 0
+        for rid, (hit, prompt, at, seen) in list(cached.items()):
+            if rid in live:
+                if not seen:
+                    cached[rid] = (hit, prompt, at, True)
+            elif seen or at < horizon:
+                del cached[rid]
+            else:
+                joining, tokens = joining + 1, tokens + prompt - hit
+        return joining, tokens
+
     def _run(self) -> None:
+        due = 0.0  # when the steps' next update may go (a request accepted goes at once, not counted)
         while not self._stop:
             self._wake.clear()
             try:
@@ -101,6 +119,10 @@ class LoadPublishing:
             except Exception:  # pragma: no cover - a bug here must not stop the replica
                 logger.exception("publishing the replica's load failed; routers fall back to polling /load")
                 return
-            time.sleep(self.interval_s)  # at most one update per interval
+            now = time.monotonic()
+            if now >= due:
+                due = now + self.interval_s
+            if self._wake.wait(due - now):  # a request accepted meanwhile: published at once
+                continue
             if not self.engine.scheduler.requests:  # idle: until a request is accepted (or a second passed)
                 self._wake.wait(IDLE_WAIT_S)

@@ -36,6 +36,52 @@ def test_the_update_counts_the_queue_with_the_routers_expected_cache_and_its_boo
     del engine.scheduler.requests["b-0"]
     engine.scheduler.waiting.remove(waiting)
     assert pub.update().queued_prefill_tokens == 50
-    pub._cached["b-0"] = (180, 0.0)  # accepted long ago
+    pub._cached["b-0"] = (180, 300, 0.0, False)  # accepted long ago, never seen in the engine
     pub.update(force=True)
     assert "b-0" not in pub._cached  # a finished request's expectation is forgotten
+
+
+def test_a_request_the_engine_has_not_taken_in_yet_counts_as_waiting_until_it_joins():
+    engine = _engine([], running=0)
+    pub = LoadPublishing(engine, publisher=None, interval_s=0.005)
+    pub.accept(("router-1", 1, 120), ["b-0"], 300)  # queued by the handler; the engine thread has not taken it in
+    update = pub.update()
+    assert (update.num_waiting, update.queued_prefill_tokens, update.accepted) == (1, 120, {"router-1": 1})
+    joined = _request("b-0", 300)
+    engine.scheduler.requests["b-0"] = joined
+    engine.scheduler.waiting.append(joined)
+    assert pub.update() is None  # the same load, now counted by the engine: nothing new to send
+    del engine.scheduler.requests["b-0"]
+    engine.scheduler.waiting.remove(joined)
+    update = pub.update()
+    assert (update.num_waiting, update.queued_prefill_tokens) == (0, 0)  # it left: not counted again
+    assert "b-0" not in pub._cached
+
+
+class _Publisher:
+    def __init__(self) -> None:
+        self.updates: list = []
+
+    def publish_load(self, update) -> None:
+        self.updates.append(update)
+
+
+def test_an_accepted_request_is_published_at_once_whatever_the_interval():
+    import time
+
+    busy = _request("a-0", 100)
+    engine = _engine([busy], running=1)
+    publisher = _Publisher()
+    pub = LoadPublishing(engine, publisher, interval_s=30.0).start()  # steps' changes: at most every 30 s
+    try:
+        deadline = time.monotonic() + 5
+        while not publisher.updates and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(publisher.updates) == 1  # the first update; the next step-driven one is 30 s away
+        pub.accept(("router-1", 1, 40), ["b-0"], 40)
+        while len(publisher.updates) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [u.accepted for u in publisher.updates] == [{}, {"router-1": 1}]
+        assert publisher.updates[1].queued_prefill_tokens == 100 + 40
+    finally:
+        pub.close()

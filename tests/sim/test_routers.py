@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
 from kvmesh.cluster.measure.sim.router import SimRouter
@@ -158,3 +159,14 @@ def test_published_loads_give_every_router_the_same_view_and_book_only_their_own
     for router in run.router.routers:
         for rep in run.replicas:
             assert router.loads.loads[rep.replica_id].unacked_requests == 0
+
+
+def test_a_replica_publishes_a_request_it_accepted_at_once_and_a_steps_change_once_per_interval():
+    from kvmesh.cluster.measure.sim.published import SimLoadPublishing
+
+    publishing = SimLoadPublishing()
+    assert publishing.wait("0", 0.0, 0.005, due=False) == 0.0  # the first change: now
+    assert publishing.wait("0", 0.001, 0.005, due=False) == pytest.approx(0.004)  # a step's: when the interval ends
+    assert publishing.wait("0", 0.002, 0.005, due=False) is None  # already due then
+    assert publishing.wait("0", 0.003, 0.005, due=False, accepted=True) == 0.0  # a request accepted: now
+    assert publishing.wait("0", 0.005, 0.005, due=True) == 0.0  # the step's change: when its interval ended

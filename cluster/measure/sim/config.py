@@ -159,12 +159,13 @@ class SimConfig:
     finishes (in-flight counts shared, e.g. through shared memory between router workers)."""
     published_loads: bool = False
     """Every replica publishes its load (running, waiting, queued prefill tokens, and per router the requests it
-    accepted) when it changes, at most every ``load_publish_interval_s``, and every router takes it
+    accepted) when it accepts a request, and when a step changed it at most every ``load_publish_interval_s``;
+    every router takes it
     ``load_publish_lag_s`` later, adding only its own requests the replica had not counted yet (events/load.py;
     no shared memory)."""
     load_publish_interval_s: float = 0.005
-    """Least seconds between two of a replica's published loads: a change (a step's end, a request accepted)
-    within it is published when it ends."""
+    """Least seconds between two of a replica's published loads caused by its steps: a step's change within it is
+    published when it ends (a request accepted is published at once)."""
     load_publish_lag_s: float = 0.001
     """Seconds from a replica's step end to its published load reaching the routers (send, network, apply)."""
     share_sessions: bool = False

@@ -182,7 +182,7 @@ class Simulation:
         rep.add(req)
         if self.publishing is not None:
             self.publishing.accept(rep.replica_id, req, now)
-            self.publish_load(rep, now)
+            self.publish_load(rep, now, accepted=True)
         if rep.step is None:
             self.start(rep, now)
         else:
@@ -219,14 +219,15 @@ class Simulation:
             self.admission.finished(finished, now)
             self.admission.pump(now)
 
-    def publish_load(self, rep: SimReplica, now: float, force: bool = False, due: bool = False) -> None:
-        """``rep``'s load changed (a step ended, a request joined): published now if its last update is
-        ``load_publish_interval_s`` old, else when it is (``due``: that time came); every router takes it
-        ``load_publish_lag_s`` later."""
+    def publish_load(self, rep: SimReplica, now: float, force: bool = False, due: bool = False,
+                     accepted: bool = False) -> None:
+        """``rep``'s load changed: a request joined (``accepted``: published now), or a step ended (published now
+        if its last update is ``load_publish_interval_s`` old, else when it is; ``due``: that time came); every
+        router takes it ``load_publish_lag_s`` later."""
         publishing = self.publishing
         if publishing is None:
             return
-        wait = publishing.wait(rep.replica_id, now, self.config.load_publish_interval_s, due)
+        wait = publishing.wait(rep.replica_id, now, self.config.load_publish_interval_s, due, accepted)
         if wait is None:
             return
         if wait > 0:

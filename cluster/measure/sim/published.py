@@ -1,5 +1,6 @@
 """Simulated replicas that publish their load (``SimConfig.published_loads``), as a kvmesh replica does on its
-event stream (events/load.py): after each engine step whose load changed, the replica's running and waiting
+event stream (events/load.py): at once when it accepts a request, and after an engine step that changed its load
+(at most every ``load_publish_interval_s``), the replica's running and waiting
 requests, queued prefill tokens, KV usage, prefill rate, and per router the highest booking number it accepted
 (router/replicas/bookings.py). Every router takes the update ``load_publish_lag_s`` later
 (``LoadTracker.apply_published``) and adds only its own bookings the replica had not accepted then: no router
@@ -39,13 +40,17 @@ class SimLoadPublishing:
         """``req`` joined ``replica_id``'s queue at ``now``: its router's booking is counted there from now on."""
         self.ledger(replica_id).accept(req.booking, req.num_prompt_tokens, _uncached(req), now)
 
-    def wait(self, replica_id: str, now: float, interval_s: float, due: bool) -> float | None:
+    def wait(self, replica_id: str, now: float, interval_s: float, due: bool, accepted: bool = False) -> float | None:
         """Seconds until ``replica_id`` may publish a change made at ``now`` (0: now; None: an update is already
-        due then). ``due``: the wait asked for before is over."""
+        due then). ``due``: the wait asked for before is over; ``accepted``: the change is a request it accepted,
+        published at once whatever the interval, which counts only the updates its steps caused (the routers that
+        did not send it must see it before they choose)."""
         if due:
             self._due.discard(replica_id)
-        elif replica_id in self._due:
+        elif replica_id in self._due and not accepted:
             return None
+        if accepted:  # not counted against the interval, which caps the steps' updates
+            return 0.0
         wait = self._published_at.get(replica_id, -interval_s) + interval_s - now
         if wait > 1e-12:
             self._due.add(replica_id)

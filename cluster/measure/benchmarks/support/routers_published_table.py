@@ -25,7 +25,8 @@ def _runs(doc: dict) -> dict[int, dict]:
 
 def _lag(config: dict) -> str:
     every, lag = config["load_publish_interval_s"], config["load_publish_lag_s"]
-    return f"a change published within {every * 1e3:.0f} ms, read {lag * 1e3:.0f} ms later"
+    return (f"a request it accepted published at once and a step's change within {every * 1e3:.0f} ms, read "
+            f"{lag * 1e3:.0f} ms later")
 
 
 def table(docs: list[dict]) -> str:
