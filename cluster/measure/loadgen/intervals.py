@@ -6,8 +6,9 @@ import math
 import statistics
 
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086)
-"""Student's t 97.5% quantile for 1..20 degrees of freedom (1.96 beyond)."""
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+         2.042)
+"""Student's t 97.5% quantile for 1..30 degrees of freedom (1.96 beyond)."""
 
 
 def interval(values: list[float]) -> tuple[float, float]:
