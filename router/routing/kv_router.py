@@ -32,7 +32,7 @@ from kvmesh.router.routing.kv_placement import (
     pull_priors,
 )
 from kvmesh.router.routing.load import LoadTracker
-from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.policies import Choice, NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, route_receipt
 from kvmesh.router.routing.routable import RoutableLoads
 from kvmesh.router.routing.route_decision import RouteDecision
@@ -189,16 +189,17 @@ class KVRouter:
             t2 = _ns()
             loads = self._routable_loads(excluded, pool)
             tiers = tiers.without(self._untrusted(tiers))
-            chosen = policy.choose(keys, tiers, loads, num_tokens, lora_name)
-            replica_id, by_session = self._follow_session(session_id, now, chosen, keys, tiers, loads, num_tokens, commit)
+            choice = self._follow_session(session_id, now, policy.decide(keys, tiers, loads, num_tokens, lora_name),
+                                          keys, tiers, loads, num_tokens, lora_name, commit)
+            replica_id, estimate = choice.replica_id, choice.estimate
             if commit:
                 self.index.predict(replica_id, keys, now=now, start=tiers.device.get(replica_id, 0))
             pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
-            estimate = policy.estimate(replica_id, keys, tiers, loads, num_tokens, lora_name)
+            replica = self.replicas.get(replica_id)
         t3 = _ns()
-        why = "fallback" if excluded or self.replicas.get(replica_id).degraded else "session" if by_session else None
+        why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
-        return RouteDecision(replica_id, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
+        return RouteDecision(replica, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
                              pool=pool, decided_at_ns=t0, estimate=estimate if receipt.predicted_ttft_s is not None else None)
@@ -220,20 +221,20 @@ class KVRouter:
         get = self.replicas.get
         return [r for tier in (tiers.device, tiers.host) for r in tier if (rec := get(r)) is not None and rec.degraded]
 
-    def _follow_session(self, session_id: str | None, now: float | None, chosen: ReplicaId, keys: list[int],
-                        tiers: TierMatches, loads, num_tokens: int, commit: bool) -> tuple[ReplicaId, bool]:
-        """The session's replica instead of the policy's ``chosen`` while the policy keeps it there (soft affinity,
-        router/routing/session.py), and whether it was kept; ``commit`` pins the session to the answer. Under the
-        lock."""
+    def _follow_session(self, session_id: str | None, now: float | None, choice: Choice, keys: list[int],
+                        tiers: TierMatches, loads, num_tokens: int, lora_name: str | None, commit: bool) -> Choice:
+        """The session's replica's ``Choice`` instead of the policy's while the policy keeps it there (soft affinity,
+        router/routing/session.py); ``commit`` pins the session to the answer. Under the lock."""
         if session_id is None:
-            return chosen, False
+            return choice
         pinned = self.sessions.get(session_id, now)
-        kept = (pinned is not None and pinned != chosen and pinned in loads
-                and self.policy.keeps_session(pinned, chosen, keys, tiers.device, loads, num_tokens))
-        replica_id = pinned if kept else chosen
+        if pinned is not None and pinned != choice.replica_id and pinned in loads:
+            kept = self.policy.session_choice(pinned, choice, keys, tiers, loads, num_tokens, lora_name)
+            if kept is not None:
+                choice = kept
         if commit:
-            self.sessions.pin(session_id, replica_id, now)
-        return replica_id, kept
+            self.sessions.pin(session_id, choice.replica_id, now)
+        return choice
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
@@ -255,10 +256,8 @@ class KVRouter:
             receipt.actual_ttft_s = actual_s
         if estimate is None:
             return
-        with self.lock:
-            load = self.loads.loads.get(decision.replica_id)
-            if load is not None:
-                observe_ttft(load, estimate.raw_s, actual_s)
+        with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
+            observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
 
     def _plan_pull(self, chosen: ReplicaId, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:

@@ -134,12 +134,14 @@ def test_pruned_decisions_equal_the_full_scan_on_random_fleets(temperature):
             if not loads:
                 break
             keys = list(range(prompt // BS))
-            chosen = fast.choose(keys, tiers, loads, prompt, lora)
-            assert chosen == full.choose(keys, tiers, dict(loads), prompt, lora), seed
-            assert fast.estimates[chosen] == full.estimates[chosen], seed
+            fast_choice, full_choice = fast.decide(keys, tiers, loads, prompt, lora), full.decide(
+                keys, tiers, dict(loads), prompt, lora)
+            chosen = fast_choice.replica_id
+            assert chosen == full_choice.replica_id, seed
+            assert fast_choice.estimate == full_choice.estimate, seed
             pinned = rng.choice(list(loads))
-            assert (fast.keeps_session(pinned, chosen, keys, tiers.device, loads, prompt)
-                    == full.keeps_session(pinned, chosen, keys, tiers.device, dict(loads), prompt)), seed
+            assert (fast.keeps_session(pinned, fast_choice, keys, tiers.device, loads, prompt)
+                    == full.keeps_session(pinned, full_choice, keys, tiers.device, dict(loads), prompt)), seed
             router.loads.on_dispatch(chosen, prompt, now=float(_), prompt_tokens=prompt)  # the columns follow
 
 

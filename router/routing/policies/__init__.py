@@ -7,7 +7,7 @@ import difflib
 import re
 
 import msgspec
-from kvmesh.router.routing.policies.base import NoReplicaError, Policy, PolicyConfig, PolicyOptions
+from kvmesh.router.routing.policies.base import Choice, NoReplicaError, Policy, PolicyConfig, PolicyOptions
 from kvmesh.router.routing.policies.cache_aware import CacheAwarePolicy, with_step_budget
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensPolicy
 from kvmesh.router.routing.policies.dynamo import DynamoPolicy
@@ -96,6 +96,6 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-__all__ = ["DEFAULT_POLICY", "PEER_POLICIES", "POLICIES", "NoReplicaError", "Policy", "PolicyConfig", "PolicyOptions", "get_policy",
-           "policy_class", "policy_config", "policy_options",
+__all__ = ["DEFAULT_POLICY", "PEER_POLICIES", "POLICIES", "Choice", "NoReplicaError", "Policy", "PolicyConfig",
+           "PolicyOptions", "get_policy", "policy_class", "policy_config", "policy_options",
            "with_step_budget"]

@@ -1,6 +1,7 @@
 """The routing policy interface: pure (no I/O), fast, called once per request.
 
-``choose(request_keys, tiers, loads, num_prompt_tokens=None) -> replica_id``
+``decide(request_keys, tiers, loads, num_prompt_tokens=None, lora_name=None) -> Choice``: the replica and the
+request's estimate there (``KVRouter.route`` calls it once per request); ``choose`` is the replica alone.
 
 - ``request_keys``: the request's router keys (one per full prompt block, router/routing/keys.py).
 - ``tiers``: the leading blocks of the prompt each replica holds, per tier (``PrefixIndex.match_tiers``,
@@ -11,8 +12,8 @@
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 - ``lora_name``: the LoRA adapter the request names (None: the base model); ``cache_aware`` prices its load.
 
-``keeps_session(pinned, chosen, keys, matches, ...)`` decides whether a session's pin overrides the choice
-(``matches``: the device tier's).
+``keeps_session(pinned, choice, keys, matches, ...)`` decides whether a session's pin overrides the choice
+(``matches``: the device tier's); ``session_choice`` answers with the pinned replica's ``Choice`` when it does.
 
 A policy's tuning knobs are one frozen dataclass, its ``config_type`` (``CacheAwareConfig``, as
 sgl-router's), checked when it is built; ``policies.policy_config`` builds it from the options a user
@@ -51,6 +52,20 @@ class NoReplicaError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class Choice:
+    """A policy's answer for one request: where it goes and what it is predicted to cost there."""
+
+    replica_id: ReplicaId
+    """The chosen candidate (a key of the loads the policy was given)."""
+    estimate: TTFTEstimate | None
+    """The request's estimate on it (router/routing/cost/); None: not priced (not a candidate)."""
+    prices: Prices | None = None
+    """Every candidate's estimate, when the policy chose by them (``cache_aware``); None: only the chosen one's."""
+    by_session: bool = False
+    """A session's pin chose it over the policy's pick (``session_choice``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """The tuning knobs of a policy; the baselines without knobs take this empty one."""
 
@@ -84,9 +99,6 @@ class Policy:
         transfers section; None: no pull priced)."""
         self.step_tokens = DEFAULT_DECODE_STEP_TOKENS
         """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
-        self.estimates: Mapping[ReplicaId, TTFTEstimate] = {}
-        """The last request's estimate on every candidate, when ``choose`` priced them (``cache_aware``: its
-        ``Prices``, router/routing/cost/prices.py)."""
 
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
@@ -103,24 +115,42 @@ class Policy:
         return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
                          lora_name)
 
-    def estimate(self, replica_id: ReplicaId, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-                 num_prompt_tokens: int | None = None, lora_name: str | None = None) -> TTFTEstimate | None:
-        """The request's estimate on ``replica_id``: the one ``choose`` made, or priced now (a baseline policy)."""
-        found = self.estimates.get(replica_id)
-        if found is not None or replica_id not in loads:
-            return found
+    def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Choice:
+        """The chosen candidate with the request's estimate there (a policy that does not price chooses, then the
+        chosen one is priced alone)."""
+        chosen = self.choose(request_keys, tiers, loads, num_prompt_tokens, lora_name)
+        return Choice(chosen, self._priced(chosen, request_keys, tiers, loads, num_prompt_tokens, lora_name))
+
+    def _priced(self, candidate: ReplicaId, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+                num_prompt_tokens: int | None, lora_name: str | None) -> TTFTEstimate | None:
+        """The request's estimate on ``candidate`` alone (None: not among ``loads``)."""
+        if candidate not in loads:
+            return None
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         return price_one(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
-                         lora_name, replica_id)
+                         lora_name, candidate)
+
+    def session_choice(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], tiers: TierMatches,
+                       loads: Loads, num_prompt_tokens: int | None = None,
+                       lora_name: str | None = None) -> Choice | None:
+        """The pinned replica's ``Choice`` when a session's pin holds against ``choice`` (``keeps_session``), with
+        the request's estimate there; None: the pin gives way."""
+        if not self.keeps_session(pinned, choice, request_keys, tiers.device, loads, num_prompt_tokens):
+            return None
+        prices = choice.prices
+        estimate = (prices[pinned] if prices is not None and pinned in prices
+                    else self._priced(pinned, request_keys, tiers, loads, num_prompt_tokens, lora_name))
+        return Choice(pinned, estimate, prices, by_session=True)
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         raise NotImplementedError
 
-    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int],
+    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int],
                       matches: Matches, loads: Loads, num_prompt_tokens: int | None = None) -> bool:
-        """Whether a request of a session pinned to ``pinned`` stays there although ``choose``
-        picked ``chosen`` (router/routing/session.py). Baselines know no cost: the pin always holds."""
+        """Whether a request of a session pinned to ``pinned`` stays there although the policy made ``choice``
+        (router/routing/session.py). Baselines know no cost: the pin always holds."""
         return True
 
     @staticmethod

@@ -54,6 +54,7 @@ from kvmesh.router.routing.cost.estimate import adapter_s
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
+    Choice,
     Loads,
     Matches,
     Policy,
@@ -166,8 +167,9 @@ class CacheAwareTokensPolicy(Policy):
         ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
         return 1 + self.config.churn_weight * (ratio - 1)
 
-    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int], matches: Matches,
+    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], matches: Matches,
                       loads: Loads, num_prompt_tokens: int | None = None) -> bool:
+        chosen = choice.replica_id
         costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
                            num_prompt_tokens)
         return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
