@@ -76,7 +76,9 @@ class AdapterLoads:
                                                                          {"lora_name": name, "lora_path": path}))
             task.add_done_callback(lambda _: self._loading.pop(key, None))
         await asyncio.shield(task)
-        self.models.catalog.add_adapter(replica_id, name, path)
+        replica = self.replicas.get(replica_id)
+        if replica is not None:
+            self.models.catalog.add_adapter(replica, name, path)
 
     async def _call(self, replica_id: str, path: str, body: dict[str, str]) -> None:
         replica = self.replicas.get(replica_id)

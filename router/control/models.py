@@ -129,7 +129,8 @@ class RouterModels:
 
     def tokenizer_of(self, replica_id: str) -> Tokenizer | None:
         """The tokenizer of the model ``replica_id`` serves (its upstream kind and fingerprint check use it)."""
-        base = self.catalog.base_of(replica_id)
+        replica = self.replicas.get(replica_id)
+        base = self.catalog.base_of(replica) if replica is not None else None
         return self.tokenizer if base is None else self.frontends.get(
             base, (self.tokenizer, None))[0]
 
@@ -168,17 +169,18 @@ class RouterModels:
         replica = self.replicas.get(spec.replica_id)
         if served is None or replica is None or replica.spec is not spec:
             return
-        self.catalog.set_served(spec.replica_id, served)
+        self.catalog.set_served(replica, served)
         await self._frontend_ready(served, info)
 
     def on_load(self, spec: ReplicaSpec, report: LoadReport) -> None:
         """A ``/load`` report: the adapters the replica has now (its ``lora`` section, when LoRA is on); one
         whose path the router does not know yet is read from its ``/v1/models`` (e.g. another router loaded it)."""
-        if not report.lora.enabled or not self.catalog.set_adapters(spec.replica_id, report.lora.adapters,
-                                                                      report.lora.identities):
+        replica = self.replicas.get(spec.replica_id)
+        if replica is None or not report.lora.enabled or not self.catalog.set_adapters(
+                replica, report.lora.adapters, report.lora.identities):
             return
-        names, replica = frozenset(report.lora.adapters), self.replicas.get(spec.replica_id)
-        if replica is not None and replica.adapters_asked != names:  # once per set of adapters, not every poll
+        names = frozenset(report.lora.adapters)
+        if replica.adapters_asked != names:  # once per set of adapters, not every poll
             replica.adapters_asked = names
             asyncio.ensure_future(self.learn(spec, None))
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from kvmesh.router.control.replica_calls import ReplicaCalls
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.replicas.load import ForeignLoad
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.kv_router import KVRouter
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class PassiveHealth:
             config, router, metrics, calls, feed, kv_peers)
         self.replicas = router.replicas
         """The router's replicas: each record holds its health, patience, last poll's marks and probe request."""
-        self.outliers = OutlierDetector(config.outliers, replicas=self.replicas)
+        self.outliers = OutlierDetector(config.outliers)
 
     def patience(self, replica_id: str) -> Patience | None:
         """The deadlines of the replica's answers (router/replicas/patience.py); None: none configured."""
@@ -58,7 +59,7 @@ class PassiveHealth:
             return Patience(cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s, lambda since: False)
         if replica.patience is None:
             replica.patience = Patience(cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s,
-                                        lambda since: self.outliers.progressed_since(replica_id, since))
+                                        lambda since: self.outliers.progressed_since(replica, since))
         return replica.patience
 
     async def stop(self) -> None:
@@ -71,16 +72,17 @@ class PassiveHealth:
     def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = False) -> None:
         """Count a failure of the replica (``kind`` labels the metric); a ``sick`` one (its /health cannot vouch
         for it) or enough in a row eject it, unless no other replica would be left in rotation."""
-        if replica_id not in self.replicas:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
             return
         self.metrics.child(self.metrics.replica_failures, replica_id, kind).inc()
         others = any(r.id != replica_id and r.healthy and r.health.ejected_until is None for r in self.replicas)
-        seconds = self.outliers.on_failure(replica_id, why, can_eject=others, sick=sick)
+        seconds = self.outliers.on_failure(replica, why, can_eject=others, sick=sick)
         if seconds is not None:
-            self.eject(replica_id, seconds)
+            self.eject(replica, seconds)
 
-    def eject(self, replica_id: str, seconds: float) -> None:
-        h = self.outliers.health(replica_id)
+    def eject(self, replica: Replica, seconds: float) -> None:
+        h, replica_id = replica.health, replica.id
         logger.warning("replica %s ejected %s after %d failure(s) in a row (last: %s)", replica_id,
                        f"for {seconds:.0f}s, then until a probe request is answered" if seconds else
                        "until a probe request is answered", h.consecutive_failures, h.last_failure)
@@ -104,31 +106,32 @@ class PassiveHealth:
         """Note progress when the replica's prefill queue shrank or its KV events moved since the last poll
         (a replica stuck before its first byte shows neither), or a grammar is compiling on it (a request's own
         work, bounded by the replica's compile timeout: a slow compile is not the replica's failure)."""
+        replica = self.replicas.get(spec.replica_id)
+        if replica is None:
+            return
         if isinstance(report, LoadReport) and report.num_grammar_compiles > 0:
-            self.outliers.on_progress(spec.replica_id)
+            self.outliers.on_progress(replica)
         seq = report.kv_events_seq if isinstance(report, LoadReport) else None
         subscriber = self.feed.subscriber
         stats = subscriber.stats.get(spec.replica_id) if subscriber is not None and spec.events else None
         mark = (-1 if seq is None else seq, queued_prefill, stats.last_seq if stats is not None else -1,
                 time.monotonic())
-        replica = self.replicas.get(spec.replica_id)
-        if replica is None:
-            return
         last, replica.progress_mark = replica.progress_mark, mark
         if last is not None and (mark[0] > last[0] or mark[1] < last[1] or mark[2] > last[2]):
-            self.outliers.on_progress(spec.replica_id, at=last[3])  # it moved after the last poll
+            self.outliers.on_progress(replica, at=last[3])  # it moved after the last poll
 
     def after_probe(self, spec: ReplicaSpec, ok: bool) -> bool:
         """Take a ``/health`` probe's outcome; True while the replica is ejected (``/health`` must not re-admit
         it: its probe request is sent once its ejection is over)."""
-        rid = spec.replica_id
+        replica = self.replicas.get(spec.replica_id)
+        if replica is None:
+            return False
         if not ok:
-            self.outliers.on_down(rid)
+            self.outliers.on_down(replica)
             return False
-        if not self.outliers.is_ejected(rid):
+        if not self.outliers.is_ejected(replica):
             return False
-        replica = self.replicas.get(rid)
-        if self.outliers.probe_due(rid) and replica is not None and replica.probe_trial is None:
+        if self.outliers.probe_due(replica) and replica.probe_trial is None:
             replica.probe_trial = asyncio.create_task(self.try_ejected(spec))
         return True
 
@@ -154,10 +157,10 @@ class PassiveHealth:
                 replica.probe_trial = None
         if replica is None or replica.spec is not spec:
             return
-        seconds = self.outliers.on_probe(rid, answered, why)
+        seconds = self.outliers.on_probe(replica, answered, why)
         if seconds is not None:
             self.metrics.child(self.metrics.replica_failures, rid, "probe").inc()
-            self.eject(rid, seconds)
+            self.eject(replica, seconds)
         elif not replica.draining:
             logger.info("replica %s answered its probe request: back in rotation", rid)
             await self.kv_peers.before_healthy(spec)  # it may have restarted meanwhile: its pull peers again

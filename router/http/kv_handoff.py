@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.upstream import UpstreamPool, UpstreamResponse
     from kvmesh.router.replicas.patience import Patience
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
     from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.outlier import OutlierDetector
@@ -111,8 +112,9 @@ class KVHandoff:
         """The prefill call; the handle for the decode replica, or None (counted against the prefill replica
         when it failed as a replica fails)."""
         svc = self.runtime
-        spec = self._spec(prefill_id)
-        if spec is None:
+        replica = self.runtime.router.replicas.get(prefill_id)
+        spec = replica.spec if replica is not None else None
+        if replica is None or spec is None:
             return None
         try:  # an adapter's prompt is prefilled with the adapter: the prefill replica loads it first
             await svc.ensure_adapter(prefill_id, request.model_pool)
@@ -129,7 +131,7 @@ class KVHandoff:
             body["priority"] = request.priority or 0
         headers = {"content-type": "application/json", **svc.headers()}
         loads, uncached = svc.router.loads, decision.uncached_tokens
-        loads.on_dispatch(prefill_id, uncached)
+        loads.on_dispatch(replica, uncached)
         try:
             upstream = await svc.pool.post(spec.url, "/v1/completions", msgspec.json.encode(body), headers,
                                            svc.patience(prefill_id))
@@ -144,12 +146,12 @@ class KVHandoff:
             logger.info("prefill replica %s failed (%s); the decode replica computes the prompt", prefill_id, why)
             return None
         finally:
-            loads.on_finish(prefill_id, uncached, had_output=False)
-        return self._handle(prefill_id, spec.url, upstream.status, raw)
+            loads.on_finish(replica, uncached, had_output=False)
+        return self._handle(replica, spec.url, upstream.status, raw)
 
-    def _handle(self, prefill_id: str, url: str, status: int, raw: bytes) -> dict | None:
+    def _handle(self, replica: Replica, url: str, status: int, raw: bytes) -> dict | None:
         """The decode replica's ``kv_transfer_params`` from the prefill replica's answer, or None."""
-        svc = self.runtime
+        svc, prefill_id = self.runtime, replica.id
         if status >= 500:
             svc.record_failure(prefill_id, f"answered HTTP {status}", "http_5xx")
             return None
@@ -161,7 +163,7 @@ class KVHandoff:
         except msgspec.DecodeError as e:
             count_failure(svc, prefill_id, InvalidAnswer(f"answered 200 with a body that is not JSON ({e})"))
             return None
-        svc.outliers.on_success(prefill_id)
+        svc.outliers.on_success(replica)
         handle = answer.get(TRANSFER_FIELD) if isinstance(answer, dict) else None
         if not isinstance(handle, dict):
             logger.warning("prefill replica %s answered without %s (is KV transfer on there?)", prefill_id,

@@ -139,7 +139,7 @@ class Forwarder:
                 if replica is None:
                     continue
                 if attempt == 0 and not tried and request.req is not None:  # a retry or continuation goes as sent
-                    with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
+                    with reserved(svc.router.loads, decision.replica):  # its slot is taken while a split's prefill call runs
                         await self.handoff.prepare(request, decision)
                 with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
                     opened = await self._open(replica.spec.url, request, replica.accepts or TEXT,
@@ -194,8 +194,7 @@ class Forwarder:
         """The replica sent its first bytes: a success for its health, a split's lease settled, its prefill done,
         a stream's TTFT learnt against the prediction, the route counted."""
         svc, decision = self.runtime, opened.decision
-        rid = decision.replica_id
-        svc.outliers.on_success(rid)
+        svc.outliers.on_success(decision.replica)
         self.handoff.opened(decision, opened.upstream)
         flight.answered()
         if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
@@ -262,7 +261,7 @@ class Forwarder:
             raise BrokenAnswer(e) from None
         finally:
             let_go(upstream, complete)
-            loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+            loads.on_finish(decision.replica, decision.uncached_tokens, had_output=True)
         content = opened.first + b"".join(rest)
         if status == 200:
             try:

@@ -80,7 +80,7 @@ class StreamRelay:
                     stream.broken, error = f"failed mid-stream: {e}", e
                 finally:
                     let_go(upstream, stream.done)
-                    self.runtime.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+                    self.runtime.router.loads.on_finish(decision.replica, decision.uncached_tokens, had_output=True)
                 if not stream.done and stream.finish_reason is not None:  # only [DONE] was missing
                     for out in stream.finish(stream.finish_reason, text_sent=True):
                         yield out
@@ -116,9 +116,9 @@ class StreamRelay:
                       stream: MigratingStream, decision: RouteDecision) -> AsyncIterator[bytes]:
         """The client's events for one upstream, until it ends, breaks, or the stream is done."""
         split, chunk = SseSplitter(), first
-        outliers, rid = self.runtime.outliers, decision.replica_id
+        outliers, replica = self.runtime.outliers, decision.replica
         while True:
-            outliers.on_progress(rid)
+            outliers.on_progress(replica)
             if stream.migrations == 0:
                 self.report_cached(decision, chunk)
             for event in split.feed(chunk):
@@ -160,7 +160,7 @@ class StreamRelay:
             return None
         if opened.upstream.status != 200:
             opened.upstream.close()
-            svc.router.loads.on_finish(opened.decision.replica_id, opened.decision.uncached_tokens, had_output=True)
+            svc.router.loads.on_finish(opened.decision.replica, opened.decision.uncached_tokens, had_output=True)
             return None
         svc.metrics.child(svc.metrics.migrations, str(rid)).inc()
         return opened

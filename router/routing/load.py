@@ -111,13 +111,13 @@ class LoadTracker:
         if self.shared is not None:
             replica.load.shared_slot = self.shared.slot(replica.id)  # an id seen before gets its old column
 
-    def apply_published(self, replica_id: ReplicaId, update: ReplicaLoadUpdate, now: float | None = None) -> None:
-        """Take the load ``replica_id`` published: its counts, plus this router's bookings it does not count yet, and
+    def apply_published(self, replica: Replica, update: ReplicaLoadUpdate, now: float | None = None) -> None:
+        """Take the load ``replica`` published: its counts, plus this router's bookings it does not count yet, and
         its request rate and decayed prompt sums over every router's requests (``now``: the clock of
         ``on_dispatch``)."""
-        load = self.loads.get(replica_id)
+        load = replica.load
         now = time.monotonic() if now is None else now
-        if load is None or not load.apply_published(update, now):
+        if replica.removed or not load.apply_published(update, now):
             return
         bookings = load.bookings
         if bookings is None:
@@ -131,11 +131,11 @@ class LoadTracker:
             load.recent_requests = update.recent_requests * scale
             load.arrival_rate, load.last_dispatch = update.arrival_rate, now
 
-    def stop_published(self, replica_id: ReplicaId) -> None:
-        """``replica_id``'s published load stopped (its stream was lost): its ``/load`` polls count again."""
-        load = self.loads.get(replica_id)
-        bookings = None if load is None else load.bookings
-        if load is not None and bookings is not None:
+    def stop_published(self, replica: Replica) -> None:
+        """``replica``'s published load stopped (its stream was lost): its ``/load`` polls count again."""
+        load = replica.load
+        bookings = load.bookings
+        if bookings is not None:
             load.bookings, load.published_seq = None, None
             bookings.forget()
             self._set_unacked(load, bookings)
@@ -153,14 +153,15 @@ class LoadTracker:
         if self.row is not None and slot is not None:
             self.shared.write(self.row, slot, 0, 0)  # its requests no longer count here
 
-    def on_dispatch(self, replica_id: ReplicaId, uncached_tokens: int, now: float | None = None,
+    def on_dispatch(self, replica: Replica, uncached_tokens: int, now: float | None = None,
                     prompt_tokens: int = 0) -> int | None:
-        """A request of ``prompt_tokens`` was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the
-        clock the churn decays by, ``time.monotonic()`` when None). Returns its booking number when the replica
-        publishes its load (the request carries it: ``bookings.booking_header``), else None."""
-        load = self.loads.get(replica_id)
+        """A request of ``prompt_tokens`` was sent to ``replica``; it will prefill ``uncached_tokens`` tokens there
+        (``now``: the clock the churn decays by, ``time.monotonic()`` when None). Returns its booking number when the
+        replica publishes its load (the request carries it: ``bookings.booking_header``), else None. A replica
+        removed meanwhile counts nothing."""
         number = None
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
             if self.shared is not None:
@@ -194,27 +195,27 @@ class LoadTracker:
             self._churn_t0, exponent = now, 0.0
         return math.exp(exponent)
 
-    def reserve(self, replica_id: ReplicaId, held: bool) -> None:
+    def reserve(self, replica: Replica, held: bool) -> None:
         """Count (``held``) or stop counting a request bound for the replica that is not sent yet (a P/D split's
         decode replica while the prefill replica computes the prompt), so admission sees the slot taken."""
-        load = self.loads.get(replica_id)
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.in_flight = load.in_flight + 1 if held else max(0, load.in_flight - 1)
             if self.shared is not None:
                 self._publish(load)
 
-    def on_first_output(self, replica_id: ReplicaId, uncached_tokens: int) -> None:
+    def on_first_output(self, replica: Replica, uncached_tokens: int) -> None:
         """The request produced its first byte: its prefill is done."""
-        load = self.loads.get(replica_id)
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
             if self.shared is not None:
                 self._publish(load)
 
-    def on_finish(self, replica_id: ReplicaId, uncached_tokens: int, had_output: bool) -> None:
+    def on_finish(self, replica: Replica, uncached_tokens: int, had_output: bool) -> None:
         """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
-        load = self.loads.get(replica_id)
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.in_flight = max(0, load.in_flight - 1)
             if not had_output:
                 load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)

@@ -25,8 +25,8 @@ def _tracker() -> LoadTracker:
     return loads
 
 
-def _decision(uncached: int = 48) -> SimpleNamespace:
-    return SimpleNamespace(replica_id="a", uncached_tokens=uncached)
+def _decision(loads: LoadTracker, uncached: int = 48) -> SimpleNamespace:
+    return SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=uncached)
 
 
 def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
@@ -36,24 +36,24 @@ def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
 
 def test_an_attempt_left_without_an_answer_is_finished():
     loads = _tracker()
-    with InFlight(loads, _decision(), len(PROMPT)):
+    with InFlight(loads, _decision(loads), len(PROMPT)):
         assert _counts(loads) == (1, 48)
     assert _counts(loads) == (0, 0)
 
 
 def test_an_answered_attempt_is_handed_to_its_answer():
     loads = _tracker()
-    with InFlight(loads, _decision(), len(PROMPT)) as flight:
+    with InFlight(loads, _decision(loads), len(PROMPT)) as flight:
         flight.answered()
     assert _counts(loads) == (1, 0)  # the answer's finish (had_output=True) ends it
-    loads.on_finish("a", 48, had_output=True)
+    loads.on_finish(loads.replicas.get("a"), 48, had_output=True)
     assert _counts(loads) == (0, 0)
 
 
 @pytest.mark.parametrize("answered", [False, True])
 def test_an_exception_finishes_the_attempt_answered_or_not(answered):
     loads = _tracker()
-    with pytest.raises(RuntimeError), InFlight(loads, _decision(), len(PROMPT)) as flight:
+    with pytest.raises(RuntimeError), InFlight(loads, _decision(loads), len(PROMPT)) as flight:
         if answered:
             flight.answered()
         raise RuntimeError("after dispatch, before the answer took it")
@@ -64,7 +64,7 @@ def test_a_cancelled_attempt_is_finished():
     loads = _tracker()
 
     async def attempt() -> None:
-        with InFlight(loads, _decision(), len(PROMPT)):
+        with InFlight(loads, _decision(loads), len(PROMPT)):
             await asyncio.sleep(10)
 
     async def main() -> None:
@@ -81,7 +81,7 @@ def test_a_cancelled_attempt_is_finished():
 
 def test_a_reservation_is_released_however_its_block_ends():
     loads = _tracker()
-    with pytest.raises(RuntimeError), reserved(loads, "a"):
+    with pytest.raises(RuntimeError), reserved(loads, loads.replicas.get("a")):
         assert _counts(loads) == (1, 0)
         raise RuntimeError("the prefill call failed")
     assert _counts(loads) == (0, 0)

@@ -171,11 +171,11 @@ def test_load_tracker_recent_prefill_decays_with_its_time_constant():
     tracker = LoadTracker(churn_tau_s=10.0)
     for rid in ("a", "b"):
         tracker.add_replica(rid)
-    tracker.on_dispatch("a", 1000, now=0.0)
-    tracker.on_dispatch("b", 1000, now=10.0)  # as recent as it gets: a's tokens have decayed by e since
+    tracker.on_dispatch(tracker.replicas.get("a"), 1000, now=0.0)
+    tracker.on_dispatch(tracker.replicas.get("b"), 1000, now=10.0)  # as recent as it gets: a's tokens have decayed by e since
     ratio = tracker.loads["b"].recent_prefill / tracker.loads["a"].recent_prefill
     assert ratio == pytest.approx(math.e)
-    tracker.on_dispatch("a", 1000, now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
+    tracker.on_dispatch(tracker.replicas.get("a"), 1000, now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
     assert tracker.loads["a"].recent_prefill == pytest.approx(1000.0) and tracker.loads["b"].recent_prefill < 1e-50
 
 

@@ -142,7 +142,8 @@ def test_pruned_decisions_equal_the_full_scan_on_random_fleets(temperature):
             pinned = rng.choice(list(loads))
             assert (fast.keeps_session(pinned, fast_choice, keys, tiers.device, loads, prompt)
                     == full.keeps_session(pinned, full_choice, keys, tiers.device, dict(loads), prompt)), seed
-            router.loads.on_dispatch(chosen, prompt, now=float(_), prompt_tokens=prompt)  # the columns follow
+            router.loads.on_dispatch(router.replicas.get(chosen), prompt, now=float(_),
+                                     prompt_tokens=prompt)  # the columns follow
 
 
 def test_route_through_the_router_equals_the_full_scan(monkeypatch):
@@ -171,9 +172,10 @@ def test_route_through_the_router_equals_the_full_scan(monkeypatch):
         assert decisions[0].predicted_ttft_s == decisions[1].predicted_ttft_s, step
         rid = decisions[0].replica_id
         for router in routers:
-            router.loads.on_dispatch(rid, decisions[0].uncached_tokens, now=float(step), prompt_tokens=len(tokens))
+            replica = router.replicas.get(rid)
+            router.loads.on_dispatch(replica, decisions[0].uncached_tokens, now=float(step), prompt_tokens=len(tokens))
             if action < 0.3:
-                router.loads.on_first_output(rid, decisions[0].uncached_tokens)
+                router.loads.on_first_output(replica, decisions[0].uncached_tokens)
             elif action < 0.4:
                 router.loads.loads[rid].update_report(LoadReport(
                     num_requests_running=3, num_requests_waiting=1, kv_cache_usage=0.5, num_waiting_prefill_tokens=99,
@@ -238,7 +240,7 @@ def test_a_fleet_growing_past_the_columns_threshold_decides_as_the_full_scan(mon
             kinds.append(isinstance(fast.candidate_loads(set()), CandidateLoads))
         queued = rng.randrange(2000)
         for router in (fast, full):
-            router.loads.on_dispatch(decisions[0].replica_id, decisions[0].uncached_tokens, now=float(step),
-                                     prompt_tokens=len(tokens))
+            router.loads.on_dispatch(router.replicas.get(decisions[0].replica_id), decisions[0].uncached_tokens,
+                                     now=float(step), prompt_tokens=len(tokens))
             router.loads.loads[decisions[0].replica_id].queued_prefill_tokens = queued
     assert not kinds[0] and kinds[-1]

@@ -82,11 +82,11 @@ def _decisions(router: KVRouter, rng: random.Random) -> list:
         prompt = rng.choice(prefixes) + [rng.randrange(3, 30_000) for _ in range(rng.randrange(1, 6 * BS))]
         decision = router.route(prompt, now=float(i))
         out.append(decision.replica_id)
-        router.loads.on_dispatch(decision.replica_id, decision.uncached_tokens, now=float(i))
+        router.loads.on_dispatch(decision.replica, decision.uncached_tokens, now=float(i))
         if i % 3 == 0:  # the replica's events confirm the blocks it computed
             router.apply_events(decision.replica_id, [stored(prompt, BS)])
         if i % 7 == 0:
-            router.loads.on_finish(decision.replica_id, decision.uncached_tokens, had_output=False)
+            router.loads.on_finish(decision.replica, decision.uncached_tokens, had_output=False)
     return out
 
 
