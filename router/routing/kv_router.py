@@ -84,7 +84,7 @@ class KVRouter:
 
     def _removed(self, replica: Replica) -> None:
         self.index.remove_replica(replica.id)
-        self.sessions.forget_replica(replica.id)
+        self.sessions.forget_replica(replica)
 
     @property
     def block_size(self) -> int:
@@ -129,7 +129,7 @@ class KVRouter:
             self.replicas.changed()
             if clear_cache:
                 self.index.clear_replica(replica_id)
-                self.sessions.forget_replica(replica_id)
+                self.sessions.forget_replica(replica)
 
     def clear_cache(self, replica_id: ReplicaId) -> None:
         """Forget which blocks a replica holds (its tree, real and predicted); it keeps its sessions."""

@@ -18,9 +18,9 @@ from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
 from kvmesh.router.control.adapter_loads import AdapterLoads
+from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import RouterKeyHasher
-from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.model_pools import AdapterLoadError, ModelCatalog, ServedModels
 
 BS = 4

@@ -12,8 +12,8 @@ import pytest
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.model_names import check_model, find_model, model_aliases
 from kvmesh.router.control.models import served_models
-from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.replicas.replica import Replica
+from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.model_pools import ModelCatalog, ServedModels
 from kvmesh.router.routing.policies import NoReplicaError
 

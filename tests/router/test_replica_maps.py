@@ -112,3 +112,91 @@ class Tracker:
 ''')
     assert replica_maps(tmp_path) == [f"router/x/bad.py:Tracker.{a}"
                                       for a in ("causes", "draining", "healthy", "kinds", "per_replica")]
+
+
+# ---------------------------------------------------------------- the routing room's parameters
+ROUTING_ID_EDGES = {
+    # the replica set's own edges: a replica comes, goes, or reports, named by its id
+    "router/routing/kv_router.py:KVRouter.add_replica": "registers a replica by id (the plane, the simulator)",
+    "router/routing/kv_router.py:KVRouter.remove_replica": "forgets a replica by id (admin, the fleet)",
+    "router/routing/kv_router.py:KVRouter.apply_events": "event intake: a batch names its publisher by id",
+    "router/routing/load.py:LoadTracker.add_replica": "a tracker of its own (tests, tools) registers by id",
+    "router/routing/load.py:LoadTracker.remove_replica": "a tracker of its own forgets by id",
+    # the prefix index names each slot's owner by id: its matches are id -> blocks, the policies' key
+    "router/routing/index.py:PrefixIndex.add_replica": "a slot for the id its matches will name",
+    "router/routing/index.py:PrefixIndex.remove_replica": "frees the id's slots",
+    "router/routing/index.py:PrefixIndex.clear_replica": "drops the id's blocks",
+    "router/routing/index.py:PrefixIndex.apply": "event intake: a batch names its publisher by id",
+    "router/routing/index.py:PrefixIndex.predict": "credits the id the decision chose (a key of its matches)",
+    "router/routing/index.py:PrefixIndex.num_blocks": "admin and /replicas report blocks per id",
+    "router/routing/index.py:PrefixIndex.cached_hashes": "admin: the hashes an id holds",
+    # shared between router processes and routers: only an id means the same replica in each
+    "router/routing/shared_loads.py:SharedLoadTable.slot": "a column of the host's shared memory per id",
+    "router/routing/shared_loads.py:_name": "the shared segment's name for an id",
+    "router/routing/session.py:SessionTable.pin": "pins shared between routers name the replica by id",
+    # mappings keyed by id (the candidates' loads, their prices): a Mapping is asked by its key
+    "router/routing/cost/load_columns.py:LoadColumns.row": "the row of an id in the columns",
+    "router/routing/cost/load_columns.py:CandidateLoads.__getitem__": "Mapping protocol (id -> load)",
+    "router/routing/cost/load_columns.py:CandidateLoads.__contains__": "Mapping protocol",
+    "router/routing/cost/prices.py:Prices.__getitem__": "Mapping protocol (id -> estimate)",
+    "router/routing/cost/prices.py:Prices.__contains__": "Mapping protocol",
+    "router/routing/receipts.py:route_receipt": "reads the decision's id-keyed tiers and loads",
+    "router/routing/cost/candidates.py:price_one": "prices one key of the candidates' id-keyed loads",
+    # a peer's formula keeps that router's own per-worker state (see ALLOWED above)
+    "router/routing/policies/dynamo.py:ActiveBlocks.release": "Dynamo's per-worker tracker",
+    "router/routing/policies/dynamo.py:ActiveBlocks.with_request": "Dynamo's per-worker tracker",
+    "router/routing/policies/dynamo.py:ActiveBlocks.add": "Dynamo's per-worker tracker",
+    "router/routing/policies/llmd.py:RoutedPrefixes.match": "llm-d's per-server prefix index",
+    "router/routing/policies/llmd.py:RoutedPrefixes.add": "llm-d's per-server prefix index",
+}
+"""Functions of router/routing/ that may take a ``replica_id`` parameter, each for the reason given."""
+ROUTING_ID_PENDING = {
+    "router/routing/kv_router.py:KVRouter.set_healthy": "its callers in router/control/ hold ids yet",
+    "router/routing/kv_router.py:KVRouter.clear_cache": "its callers in router/control/ hold ids yet",
+    "router/routing/kv_router.py:KVRouter.set_degraded": "its callers in router/control/ hold ids yet",
+}
+"""Functions that take an id although they are not edges: what is left to turn to records (none may be added)."""
+
+
+def id_parameters(root: Path = ROOT, folder: str = "router/routing") -> list[str]:
+    """``path:Class.function`` (or ``path:function``) of every function under ``folder`` with a parameter named
+    ``replica_id``."""
+    found = []
+    for path in sorted((root / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        owners = {id(f): cls.name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+                  for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+            args = fn.args
+            if any(a.arg == "replica_id" for a in args.posonlyargs + args.args + args.kwonlyargs):
+                owner = owners.get(id(fn))
+                found.append(f"{path.relative_to(root)}:{owner + '.' if owner else ''}{fn.name}")
+    return sorted(set(found))
+
+
+def test_routing_takes_records_and_ids_only_at_its_edges():
+    extra = [name for name in id_parameters() if name not in ROUTING_ID_EDGES and name not in ROUTING_ID_PENDING]
+    assert not extra, ("functions of router/routing/ taking a replica_id outside its edges; take the Replica "
+                       f"record (router/replicas/replica.py): {extra}")
+
+
+def test_the_allowed_id_parameters_still_exist():
+    """An allowance whose function no longer takes an id is dropped from the lists too."""
+    found = set(id_parameters())
+    gone = (set(ROUTING_ID_EDGES) | set(ROUTING_ID_PENDING)) - found
+    assert not gone, gone
+    assert not set(ROUTING_ID_EDGES) & set(ROUTING_ID_PENDING)
+
+
+def test_the_scan_finds_replica_id_parameters(tmp_path):
+    """The check can fail: a method, a function and a keyword-only parameter named replica_id are found."""
+    (tmp_path / "router" / "routing").mkdir(parents=True)
+    (tmp_path / "router" / "routing" / "bad.py").write_text('''
+class Tracker:
+    def on_dispatch(self, replica_id, tokens): ...
+    def on_finish(self, replica, tokens): ...
+
+def health(*, replica_id): ...
+async def probe(replica_ids): ...
+''')
+    assert id_parameters(tmp_path) == ["router/routing/bad.py:Tracker.on_dispatch", "router/routing/bad.py:health"]
