@@ -32,7 +32,7 @@ from kvmesh.router.routing.kv_placement import (
     pull_priors,
 )
 from kvmesh.router.routing.load import LoadTracker
-from kvmesh.router.routing.policies import Choice, NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, route_receipt
 from kvmesh.router.routing.routable import RoutableLoads
 from kvmesh.router.routing.route_decision import RouteDecision
@@ -189,13 +189,12 @@ class KVRouter:
             t2 = _ns()
             loads = self._routable_loads(excluded, pool)
             tiers = tiers.without(self._untrusted(tiers))
-            choice = self._follow_session(session_id, now, policy.decide(keys, tiers, loads, num_tokens, lora_name),
-                                          keys, tiers, loads, num_tokens, lora_name, commit)
+            choice = policy.decide(keys, tiers, loads, num_tokens, lora_name, self._pinned(session_id, now, loads))
             replica_id, estimate = choice.replica_id, choice.estimate
-            if commit:
-                self.index.predict(replica_id, keys, now=now, start=tiers.device.get(replica_id, 0))
-            pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
             replica = self.replicas.get(replica_id)
+            if commit:
+                self._credit(replica, keys, session_id, now, tiers.device.get(replica_id, 0))
+            pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
@@ -221,20 +220,13 @@ class KVRouter:
         get = self.replicas.get
         return [r for tier in (tiers.device, tiers.host) for r in tier if (rec := get(r)) is not None and rec.degraded]
 
-    def _follow_session(self, session_id: str | None, now: float | None, choice: Choice, keys: list[int],
-                        tiers: TierMatches, loads, num_tokens: int, lora_name: str | None, commit: bool) -> Choice:
-        """The session's replica's ``Choice`` instead of the policy's while the policy keeps it there (soft affinity,
-        router/routing/session.py); ``commit`` pins the session to the answer. Under the lock."""
+    def _pinned(self, session_id: str | None, now: float | None, loads) -> ReplicaId | None:
+        """The replica the session is pinned to, when it is a candidate (soft affinity, router/routing/session.py: the
+        policy keeps it while its cost allows). Under the lock."""
         if session_id is None:
-            return choice
+            return None
         pinned = self.sessions.get(session_id, now)
-        if pinned is not None and pinned != choice.replica_id and pinned in loads:
-            kept = self.policy.session_choice(pinned, choice, keys, tiers, loads, num_tokens, lora_name)
-            if kept is not None:
-                choice = kept
-        if commit:
-            self.sessions.pin(session_id, choice.replica_id, now)
-        return choice
+        return pinned if pinned is not None and pinned in loads else None
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
@@ -242,11 +234,15 @@ class KVRouter:
         if now is None and session_id is not None:
             now = time.monotonic()
         with self.lock:
-            rid = decision.replica_id
-            if session_id is not None:
-                self.sessions.pin(session_id, rid, now)
-            start = self.index.match(decision.keys, now=now).get(rid, 0)
-            self.index.predict(rid, decision.keys, now=now, start=start)
+            start = self.index.match(decision.keys, now=now).get(decision.replica_id, 0)
+            self._credit(decision.replica, decision.keys, session_id, now, start)
+
+    def _credit(self, replica: Replica, keys: list[int], session_id: str | None, now: float | None,
+                start: int) -> None:
+        """Pin the session to ``replica`` and credit it with ``keys[start:]`` (under the lock)."""
+        if session_id is not None:
+            self.sessions.pin(session_id, replica.id, now)
+        self.index.predict(replica.id, keys, now=now, start=start)
 
     def observe_ttft(self, decision: RouteDecision, actual_s: float) -> None:
         """The routed request's first token came ``actual_s`` after routing: learn the replica's correction

@@ -1,7 +1,8 @@
 """The routing policy interface: pure (no I/O), fast, called once per request.
 
-``decide(request_keys, tiers, loads, num_prompt_tokens=None, lora_name=None) -> Choice``: the replica and the
-request's estimate there (``KVRouter.route`` calls it once per request); ``choose`` is the replica alone.
+``decide(request_keys, tiers, loads, num_prompt_tokens=None, lora_name=None, pinned=None) -> Choice``: the
+replica and the request's estimate there (``KVRouter.route`` calls it once per request); ``choose`` is the replica
+alone.
 
 - ``request_keys``: the request's router keys (one per full prompt block, router/routing/keys.py).
 - ``tiers``: the leading blocks of the prompt each replica holds, per tier (``PrefixIndex.match_tiers``,
@@ -12,8 +13,8 @@ request's estimate there (``KVRouter.route`` calls it once per request); ``choos
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 - ``lora_name``: the LoRA adapter the request names (None: the base model); ``cache_aware`` prices its load.
 
-``keeps_session(pinned, choice, keys, matches, ...)`` decides whether a session's pin overrides the choice
-(``matches``: the device tier's); ``session_choice`` answers with the pinned replica's ``Choice`` when it does.
+``keeps_session(pinned, choice, keys, matches, ...)`` decides whether a session's pin (``decide``'s ``pinned``)
+overrides the policy's choice (``matches``: the device tier's).
 
 A policy's tuning knobs are one frozen dataclass, its ``config_type`` (``CacheAwareConfig``, as
 sgl-router's), checked when it is built; ``policies.policy_config`` builds it from the options a user
@@ -62,7 +63,7 @@ class Choice:
     prices: Prices | None = None
     """Every candidate's estimate, when the policy chose by them (``cache_aware``); None: only the chosen one's."""
     by_session: bool = False
-    """A session's pin chose it over the policy's pick (``session_choice``)."""
+    """A session's pin chose it over the policy's pick (``decide``'s ``pinned``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +117,18 @@ class Policy:
                          lora_name)
 
     def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Choice:
-        """The chosen candidate with the request's estimate there (a policy that does not price chooses, then the
-        chosen one is priced alone)."""
+               num_prompt_tokens: int | None = None, lora_name: str | None = None,
+               pinned: ReplicaId | None = None) -> Choice:
+        """The chosen candidate with the request's estimate there: the policy's pick, or ``pinned`` (the replica of
+        the request's session, a candidate) while ``keeps_session`` keeps it. A policy that does not price chooses,
+        then the replica it answers with is priced alone."""
         chosen = self.choose(request_keys, tiers, loads, num_prompt_tokens, lora_name)
-        return Choice(chosen, self._priced(chosen, request_keys, tiers, loads, num_prompt_tokens, lora_name))
+        kept = pinned is not None and pinned != chosen and self.keeps_session(
+            pinned, Choice(chosen, None), request_keys, tiers.device, loads, num_prompt_tokens)
+        if kept:
+            chosen = pinned
+        return Choice(chosen, self._priced(chosen, request_keys, tiers, loads, num_prompt_tokens, lora_name),
+                      by_session=kept)
 
     def _priced(self, candidate: ReplicaId, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                 num_prompt_tokens: int | None, lora_name: str | None) -> TTFTEstimate | None:
@@ -130,18 +138,6 @@ class Policy:
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         return price_one(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
                          lora_name, candidate)
-
-    def session_choice(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], tiers: TierMatches,
-                       loads: Loads, num_prompt_tokens: int | None = None,
-                       lora_name: str | None = None) -> Choice | None:
-        """The pinned replica's ``Choice`` when a session's pin holds against ``choice`` (``keeps_session``), with
-        the request's estimate there; None: the pin gives way."""
-        if not self.keeps_session(pinned, choice, request_keys, tiers.device, loads, num_prompt_tokens):
-            return None
-        prices = choice.prices
-        estimate = (prices[pinned] if prices is not None and pinned in prices
-                    else self._priced(pinned, request_keys, tiers, loads, num_prompt_tokens, lora_name))
-        return Choice(pinned, estimate, prices, by_session=True)
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:

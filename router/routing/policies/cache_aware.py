@@ -83,11 +83,16 @@ class CacheAwarePolicy(Policy):
         return self.decide(request_keys, tiers, loads, num_prompt_tokens, lora_name).replica_id
 
     def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Choice:
+               num_prompt_tokens: int | None = None, lora_name: str | None = None,
+               pinned: ReplicaId | None = None) -> Choice:
         self._check(loads)
         prices = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
         chosen = self._cheapest(prices)
-        return Choice(chosen, prices[chosen], prices)
+        kept = pinned is not None and pinned != chosen and self.keeps_session(
+            pinned, Choice(chosen, None, prices), request_keys, tiers.device, loads, num_prompt_tokens)
+        if kept:
+            chosen = pinned
+        return Choice(chosen, prices[chosen], prices, by_session=kept)
 
     def _cheapest(self, prices: Prices) -> ReplicaId:
         choice, ids = prices.choice, prices.ids  # per row, candidates in order (cost/prices.py)
