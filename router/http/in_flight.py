@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.router_booking import booking_header
-from kvmesh.router.replicas.replica import ReplicaId
 
 if TYPE_CHECKING:
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.load import LoadTracker
     from kvmesh.router.routing.route_decision import RouteDecision
 
@@ -59,22 +59,22 @@ class InFlight:
             self.loads.on_finish(d.replica_id, d.uncached_tokens, had_output=self.had_output)
 
 
-def reserved(loads: LoadTracker, replica_id: ReplicaId) -> Reservation:
-    """Count a request bound for ``replica_id`` before it is sent (a split's prefill call runs meanwhile), so
+def reserved(loads: LoadTracker, replica: Replica) -> Reservation:
+    """Count a request bound for ``replica`` before it is sent (a split's prefill call runs meanwhile), so
     admission sees the slot taken; released however the ``with`` block ends."""
-    return Reservation(loads, replica_id)
+    return Reservation(loads, replica)
 
 
 class Reservation:
     """``reserved``'s context (a class: a ``contextlib.contextmanager`` costs more on every request)."""
 
-    __slots__ = ("loads", "replica_id")
+    __slots__ = ("loads", "replica")
 
-    def __init__(self, loads: LoadTracker, replica_id: ReplicaId) -> None:
-        self.loads, self.replica_id = loads, replica_id
+    def __init__(self, loads: LoadTracker, replica: Replica) -> None:
+        self.loads, self.replica = loads, replica
 
     def __enter__(self) -> None:
-        self.loads.reserve(self.replica_id, True)
+        self.loads.reserve(self.replica.id, True)
 
     def __exit__(self, *exc: object) -> None:
-        self.loads.reserve(self.replica_id, False)
+        self.loads.reserve(self.replica.id, False)
