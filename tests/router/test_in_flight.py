@@ -101,14 +101,14 @@ def _forwarder(open_on) -> tuple[Forwarder, KVRouter]:
     router = KVRouter(block_size=16)
     for rid in ("a", "b"):
         router.add_replica(rid, spec=SimpleNamespace(url=f"http://{rid}"))
-    runtime = SimpleNamespace(
-        router=router, config=SimpleNamespace(upstream=SimpleNamespace(max_attempts=3)), headers=dict,
-        patience=lambda rid: None, metrics=MagicMock(), receipt_metrics=MagicMock(), outliers=MagicMock(),
-        record_failure=MagicMock(), mark_failed=MagicMock())
-    forwarder = Forwarder(runtime)
+    plane = SimpleNamespace(
+        router=router, config=SimpleNamespace(upstream=SimpleNamespace(max_attempts=3)), headers={},
+        metrics=MagicMock(), receipt_metrics=MagicMock(), failures=MagicMock())
+    forwarder = Forwarder(plane)
 
-    async def fake_open(url, request, kind, headers, decision, patience):
-        return open_on(decision.replica_id, decision)
+    async def fake_open(replica, request, headers, decision):
+        opened = open_on(replica.id, decision)
+        return opened._replace(replica=replica) if isinstance(opened, Opened) else opened
 
     forwarder._open = fake_open
     return forwarder, router
@@ -140,7 +140,7 @@ def test_dispatch_finishes_a_failed_replica_and_hands_the_retry_to_its_answer():
 
     def open_on(rid, decision):  # the first replica answers 503, the next one 200
         chosen.append(rid)
-        return Opened(_Upstream(503 if len(chosen) == 1 else 200), b"{", None, decision)
+        return Opened(_Upstream(503 if len(chosen) == 1 else 200), b"{", None, decision, None)
 
     forwarder, router = _forwarder(open_on)
     opened, tried = _dispatch(forwarder)
@@ -151,8 +151,8 @@ def test_dispatch_finishes_a_failed_replica_and_hands_the_retry_to_its_answer():
 
 
 def test_dispatch_hands_the_last_error_to_its_answer_when_every_replica_failed():
-    forwarder, router = _forwarder(lambda rid, decision: Opened(_Upstream(503), b"{}", None, decision))
-    forwarder.runtime.config.upstream.max_attempts = 2
+    forwarder, router = _forwarder(lambda rid, decision: Opened(_Upstream(503), b"{}", None, decision, None))
+    forwarder.plane.config.upstream.max_attempts = 2
     opened, tried = _dispatch(forwarder)
     assert opened.upstream.status == 503 and len(tried) == 1
     assert _all_counts(router)[opened.decision.replica_id] == (1, 0)
