@@ -87,15 +87,15 @@ class EventFeed:
         if status == DEGRADED:
             logger.warning("replica %s: event stream degraded (%s); routing to it by load only and "
                            "ignoring its events until it is resynced", source, detail)
-            self.router.set_degraded(source, detail, BAD_FRAMES)
+            self.router.set_degraded(replica, detail, BAD_FRAMES)
             replica.stream.quarantined = True
-            self.router.clear_cache(source)
+            self.router.clear_cache(replica)
         elif status == RECOVERED:
             logger.info("replica %s: event stream trusted again (%s)", source, detail)
             replica.stream.quarantined = False
-            self.router.set_degraded(source, None, BAD_FRAMES)
+            self.router.set_degraded(replica, None, BAD_FRAMES)
         elif status == UNRECOVERED:
-            self.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
+            self.router.clear_cache(replica)  # what it said may be wrong: forget it, relearn it
             snapshots = self.subscriber.snapshots_supported(source) is not False
             self.stream_watch.on_lost(replica, detail, snapshots)
             if snapshots:

@@ -116,4 +116,4 @@ class PassiveHealth:
         elif not replica.draining:
             logger.info("replica %s answered its probe request: back in rotation", rid)
             await self.kv_peers.before_healthy(replica)  # it may have restarted meanwhile: its pull peers again
-            self.router.set_healthy(rid, True)
+            self.router.set_healthy(replica, True)

@@ -96,13 +96,13 @@ class ReplicaProbes:
             logger.info("replica %s is healthy", rid)
             await self.check_compatible(replica)
             await self.kv_peers.before_healthy(replica)  # its pull peers (and it among the others') first
-            self.router.set_healthy(rid, True)
+            self.router.set_healthy(replica, True)
         elif turned_on and was:
             await self.kv_peers.push([spec])  # healthy already, transfer only now on (or restarted): its pull peers
         if not ok and was:
             self.health.failures.mark_failed(replica, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:
-            self.router.set_healthy(rid, False, clear_cache=True)
+            self.router.set_healthy(replica, False, clear_cache=True)
         return ok
 
     def check_stream(self, replica: Replica, report: LoadReport | ForeignLoad, sent_at: float,
@@ -135,7 +135,7 @@ class ReplicaProbes:
         reason = incompatibility(info, self.config.block_size, tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", replica.id, reason)
-            self.router.set_degraded(replica.id, reason, INCOMPATIBLE)
+            self.router.set_degraded(replica, reason, INCOMPATIBLE)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(r) for r in self.router.replicas if r.spec is not None),

@@ -226,7 +226,7 @@ class RouterRuntime:
         if not replica.draining:
             logger.info("replica %s draining: no new requests, %d in flight", replica.id, self.in_flight(replica))
         replica.state = DRAINING
-        self.router.set_healthy(replica.id, False)
+        self.router.set_healthy(replica, False)
 
     def in_flight(self, replica: Replica) -> int:
         """Requests this router (all its processes, when they share counts) sent to the replica that

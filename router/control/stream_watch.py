@@ -156,8 +156,8 @@ class StreamWatch:
     def _mark(self, replica: Replica, first: bool, cause: DegradedCause, reason: str) -> None:
         if first:  # the reason is updated at every check, logged once
             logger.warning("replica %s: %s; routing to it by load only", replica.id, reason)
-        self._set(replica.id, reason, cause)
+        self._set(replica, reason, cause)
 
     def _clear(self, replica: Replica, cause: DegradedCause, why: str) -> None:
         logger.info("replica %s: event stream exact again (%s)", replica.id, why)
-        self._set(replica.id, None, cause)
+        self._set(replica, None, cause)

@@ -236,7 +236,7 @@ class AdmissionGate:
             decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
         except NoReplicaError:  # nothing to wait for: dispatch answers 503
             decision = None
-        chosen = None if decision is None else self.router.replicas.get(decision.replica_id)
+        chosen = None if decision is None else decision.replica
         room = self._room(now, chosen if decision is not None and decision.predicted_ttft_s is not None else None)
         verdict = GO if decision is None else adm.gate(
             waiter, decision.predicted_ttft_s, room, now, idle=_idle(chosen),

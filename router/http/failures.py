@@ -86,7 +86,7 @@ class ReplicaFailures:
                        f"for {seconds:.0f}s, then until a probe request is answered" if seconds else
                        "until a probe request is answered", h.consecutive_failures, h.last_failure)
         self.metrics.child(self.metrics.ejections, replica.id).inc()
-        self.router.set_healthy(replica.id, False)
+        self.router.set_healthy(replica, False)
 
     def mark_failed(self, replica: Replica, connect_error: bool, why: str = "failed", kind: str | None = "connect",
                     sick: bool = False) -> None:
@@ -95,7 +95,7 @@ class ReplicaFailures:
         means the process is gone and its cache with it: drop its tree."""
         if replica.healthy and not sick and not replica.removed:
             logger.warning("replica %s %s; routing around it until it answers /health", replica.id, why)
-        self.router.set_healthy(replica.id, False, clear_cache=connect_error)
+        self.router.set_healthy(replica, False, clear_cache=connect_error)
         if kind is not None:
             self.record_failure(replica, why, kind, sick)
 

@@ -106,7 +106,7 @@ class Forwarder:
         try:
             for attempt in range(attempts):
                 decision, routed_at = self._route(request, tried, first if attempt == 0 else None, attempt)
-                replica = await self._replica(request, decision.replica_id, tried)
+                replica = await self._replica(request, decision.replica, tried)
                 if replica is None:
                     continue
                 if attempt == 0 and not tried and request.req is not None:  # a retry or continuation goes as sent
@@ -146,13 +146,12 @@ class Forwarder:
             svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
         return decision, routed_at
 
-    async def _replica(self, request: ProxyRequest, rid: str, tried: list[str]) -> Replica | None:
-        """``rid``'s record (where to send ``request``, what it accepts); None (``rid`` tried) when it was removed
-        meanwhile or did not load the request's adapter (adapter_ready.py)."""
+    async def _replica(self, request: ProxyRequest, replica: Replica, tried: list[str]) -> Replica | None:
+        """The chosen ``replica`` (where to send ``request``, what it accepts); None (its id tried) when it was
+        removed meanwhile or did not load the request's adapter (adapter_ready.py)."""
         svc = self.plane
-        replica = svc.router.replicas.get(rid)
-        if replica is None or replica.spec is None:  # removed meanwhile
-            tried.append(rid)
+        if replica.removed or replica.spec is None:  # removed meanwhile
+            tried.append(replica.id)
             return None
         pool = request.model_pool
         if pool is not None and pool.lora_name is not None and not await adapter_ready(svc, replica, request, tried):

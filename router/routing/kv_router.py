@@ -117,26 +117,26 @@ class KVRouter:
         """Forget a replica: its record goes, and the set's listeners drop what they keep of it."""
         return self.replicas.remove(replica_id)
 
-    def set_healthy(self, replica_id: ReplicaId, healthy: bool, clear_cache: bool = False) -> None:
+    def set_healthy(self, replica: Replica, healthy: bool, clear_cache: bool = False) -> None:
         """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
         with self.lock:
-            replica = self.replicas.get(replica_id)
-            if replica is None:
+            if replica.removed:
                 return
             replica.healthy = healthy
             if healthy and replica.state == JOINING:
                 replica.state = READY
             self.replicas.changed()
             if clear_cache:
-                self.index.clear_replica(replica_id)
+                self.index.clear_replica(replica.id)
                 self.sessions.forget_replica(replica)
 
-    def clear_cache(self, replica_id: ReplicaId) -> None:
+    def clear_cache(self, replica: Replica) -> None:
         """Forget which blocks a replica holds (its tree, real and predicted); it keeps its sessions."""
         with self.lock:
-            self.index.clear_replica(replica_id)
+            if not replica.removed:
+                self.index.clear_replica(replica.id)
 
-    def set_degraded(self, replica_id: ReplicaId, reason: str | None,
+    def set_degraded(self, replica: Replica, reason: str | None,
                      cause: DegradedCause = DegradedCause.INCOMPATIBLE) -> None:
         """Mark a replica degraded for ``cause`` (``reason``: why its cache information is not trusted,
         e.g. a block size mismatch, a stalled event stream) or clear that cause (None). The replica is
@@ -145,8 +145,7 @@ class KVRouter:
         if cause not in DEGRADED_CAUSES:
             raise ValueError(f"unknown degraded cause {cause!r}; one of {', '.join(DEGRADED_CAUSES)}")
         with self.lock:
-            replica = self.replicas.get(replica_id)
-            if replica is None:
+            if replica.removed:
                 return
             if reason is None:
                 replica.degraded.pop(cause, None)

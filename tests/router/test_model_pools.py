@@ -98,7 +98,7 @@ def test_the_kv_router_routes_only_inside_the_pool():
     for _ in range(6):
         decision = router.route(prompt, pool=frozenset({"b1"}))
         assert decision.replica_id == "b1" and decision.pool == {"b1"}
-    router.set_healthy("b1", False)
+    router.set_healthy(router.replicas.get("b1"), False)
     with pytest.raises(NoReplicaError, match="serves this model"):
         router.route(prompt, pool=frozenset({"b1"}))
 

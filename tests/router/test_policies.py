@@ -123,7 +123,7 @@ def test_prefix_hash_in_a_router_sends_each_prompt_where_a_ring_of_the_candidate
             router.remove_replica("r2")
         down = rng.sample([r.id for r in router.replicas], 2)
         for rid in down:
-            router.set_healthy(rid, False)
+            router.set_healthy(router.replicas.get(rid), False)
         exclude = set(rng.sample([r.id for r in router.replicas], 1))
         with router.lock:
             candidates = router.candidate_loads(exclude)
@@ -132,7 +132,7 @@ def test_prefix_hash_in_a_router_sends_each_prompt_where_a_ring_of_the_candidate
         assert chosen == expected, trial
         assert "r7" not in chosen and not set(chosen) & set(down) and not set(chosen) & exclude
         for rid in down:
-            router.set_healthy(rid, True)
+            router.set_healthy(router.replicas.get(rid), True)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

@@ -181,9 +181,9 @@ def test_route_through_the_router_equals_the_full_scan(monkeypatch):
                     num_requests_running=3, num_requests_waiting=1, kv_cache_usage=0.5, num_waiting_prefill_tokens=99,
                     prefill_tokens_per_s=2000.0 + step))
             elif action < 0.45:
-                router.set_healthy(rid, False)
+                router.set_healthy(router.replicas.get(rid), False)
             elif action < 0.5:
-                router.set_healthy((rid + 1) % 30, True)
+                router.set_healthy(router.replicas.get((rid + 1) % 30), True)
             elif action < 0.52:
                 router.remove_replica(rid)
                 router.add_replica(rid)
@@ -208,7 +208,7 @@ def test_candidates_keep_the_trackers_order_after_a_replica_rejoins():
         router.add_replica(rid)
     router.remove_replica("a")
     router.add_replica("a")
-    router.set_healthy("b", False)
+    router.set_healthy(router.replicas.get("b"), False)
     with router.lock:
         loads = router.candidate_loads(set())
         assert list(loads) == ["c", "a"] == [r for r in router.loads.loads if r in router.healthy]

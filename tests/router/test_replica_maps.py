@@ -88,12 +88,6 @@ ID_EDGES = {
     "router/routing/policies/llmd.py:RoutedPrefixes.add": "llm-d's per-server prefix index",
 }
 """Functions of router/ that may take a ``replica_id`` parameter: the edges where an id comes in, each with why."""
-ID_PENDING = {
-    "router/routing/kv_router.py:KVRouter.set_healthy": "its callers in router/control/ hold ids yet",
-    "router/routing/kv_router.py:KVRouter.clear_cache": "its callers in router/control/ hold ids yet",
-    "router/routing/kv_router.py:KVRouter.set_degraded": "its callers in router/control/ hold ids yet",
-}
-"""Functions that take an id although they are not edges: what is left to turn to records (none may be added)."""
 
 
 def _functions(tree: ast.AST) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -208,7 +202,7 @@ def test_replica_state_lives_on_the_record():
 
 
 def test_the_router_takes_records_and_ids_only_at_its_edges():
-    extra = [name for name in id_parameters() if name not in ID_EDGES and name not in ID_PENDING]
+    extra = [name for name in id_parameters() if name not in ID_EDGES]
     assert not extra, ("functions of router/ taking a replica_id outside its edges; take the Replica record "
                        f"(router/replicas/replica.py): {extra}")
 
@@ -216,9 +210,8 @@ def test_the_router_takes_records_and_ids_only_at_its_edges():
 def test_the_allowances_still_exist():
     """An allowance whose map or function went away (or takes no id now) is dropped from its list too."""
     assert set(replica_maps()) >= set(ALLOWED), set(ALLOWED) - set(replica_maps())
-    gone = (set(ID_EDGES) | set(ID_PENDING)) - set(id_parameters())
+    gone = set(ID_EDGES) - set(id_parameters())
     assert not gone, gone
-    assert not set(ID_EDGES) & set(ID_PENDING)
 
 
 def test_the_data_plane_reads_the_router_through_one_protocol_at_most():

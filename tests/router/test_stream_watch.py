@@ -151,20 +151,20 @@ def test_lost_events_of_a_source_without_snapshots_are_outlived(router, watch):
 
 def test_causes_are_independent(router, watch):
     """A stream that catches up does not lift a block-size mismatch, nor the reverse."""
-    router.set_degraded("r", "its block size is 32 tokens", INCOMPATIBLE)
+    router.set_degraded(router.replicas.get("r"), "its block size is 32 tokens", INCOMPATIBLE)
     poll(watch, 9, 1, now=0.0)
     poll(watch, 9, 1, now=LAG + 1)
     assert router.degraded["r"].startswith("its block size is 32 tokens; event stream stalled")
     assert set(watch.replicas.get("r").degraded) == {"incompatible", "stalled"}
     poll(watch, 9, 9, now=LAG + 2)
     assert router.degraded == {"r": "its block size is 32 tokens"}
-    router.set_degraded("r", None, INCOMPATIBLE)
+    router.set_degraded(router.replicas.get("r"), None, INCOMPATIBLE)
     assert router.degraded == {} and watch.replicas.get("r").degraded == {}
 
 
 def test_an_unknown_cause_is_refused(router):
     with pytest.raises(ValueError, match="unknown degraded cause 'slow'"):
-        router.set_degraded("r", "why", "slow")
+        router.set_degraded(router.replicas.get("r"), "why", "slow")
 
 
 def test_a_connection_down_for_too_long_degrades_until_it_is_back(router, watch):

@@ -248,5 +248,7 @@ class SimRouter:
             router.remove_replica(rid)
 
     def set_healthy(self, rid: str, healthy: bool) -> None:
-        for router in self.routers:
-            router.set_healthy(rid, healthy)
+        for router in self.routers:  # the trace names a replica by id: each router's record of it
+            replica = router.replicas.get(rid)
+            if replica is not None:
+                router.set_healthy(replica, healthy)
