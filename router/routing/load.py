@@ -20,7 +20,6 @@ from kvmesh.router.replicas.bookings import Bookings
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
-from kvmesh.router.replicas.views import FieldView
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.shared_loads import SharedLoadTable
@@ -47,8 +46,6 @@ class LoadTracker:
         if not churn_tau_s > 0:
             raise ValueError(f"churn_tau_s must be > 0 seconds, got {churn_tau_s}")
         self.replicas = ReplicaSet() if replicas is None else replicas
-        self.loads = FieldView(self.replicas, "load")
-        """replica id -> its load (the mapping policies receive, filtered to healthy replicas)."""
         self.churn_tau_s = churn_tau_s
         """Time constant of ``ReplicaLoad.recent_prefill`` (about a cache's turnover time)."""
         self._churn_t0: float | None = None
@@ -65,6 +62,12 @@ class LoadTracker:
         self.replicas.on_removed(self._removed, locked=True)
 
     @property
+    def loads(self) -> dict[ReplicaId, ReplicaLoad]:
+        """Replica id -> its record's load, read now (the id-keyed form the policies receive, filtered to healthy
+        replicas; kept nowhere: each load lives on its record)."""
+        return {r.id: r.load for r in self.replicas}
+
+    @property
     def members_version(self) -> int:
         """Rises whenever a replica is added or removed (router/routing/cost/load_columns.py lays its rows out again)."""
         return self.replicas.members_version
@@ -74,8 +77,9 @@ class LoadTracker:
         self.shared, self.row, self._slotted = table, row, None
         if row is not None:
             table.clear_row(row)
-        for replica_id, load in self.loads.items():
-            load.shared_slot = table.slot(replica_id)
+        for replica in self.replicas:
+            load = replica.load
+            load.shared_slot = table.slot(replica.id)
             self._publish(load)
 
     def refresh(self) -> None:
@@ -85,7 +89,7 @@ class LoadTracker:
             return
         slotted = self._slotted
         if slotted is None:  # (load, slot) of every replica with a slot; rebuilt when the set changes
-            slotted = self._slotted = [(load, 2 * load.shared_slot) for load in self.loads.values()
+            slotted = self._slotted = [(load, 2 * load.shared_slot) for load in (r.load for r in self.replicas)
                                        if load.shared_slot is not None]
             self._num_slots = max((i // 2 + 1 for _, i in slotted), default=0)
         sums = table.peers(self.row, self._num_slots)
@@ -188,7 +192,7 @@ class LoadTracker:
         exponent = (now - self._churn_t0) / self.churn_tau_s
         if exponent > 200:
             shrink = math.exp(-exponent)  # may underflow to 0: that history is long forgotten anyway
-            for load in self.loads.values():
+            for load in (r.load for r in self.replicas):
                 load.recent_prefill *= shrink
                 load.recent_prompt *= shrink
                 load.recent_requests *= shrink

@@ -30,7 +30,6 @@ _ID_ATTRS = {"id", "replica_id"}
 
 ALLOWED = {
     "router/replicas/replica_set.py:ReplicaSet._by_id": "the set itself: id -> record",
-    "router/routing/load.py:LoadTracker.loads": "a view (router/replicas/views.py), the id-keyed loads policies read",
     "router/routing/index.py:PrefixIndex._replicas": "the index's slots: each replica's bit in the block masks",
     # A peer's formula keeps the state that router keeps, in that router's shape (its own trackers by worker):
     "router/routing/policies/dynamo.py:ActiveBlocks.blocks": "Dynamo's router-local active blocks per worker",
@@ -77,9 +76,6 @@ ID_EDGES = {
     "router/routing/cost/prices.py:Prices.__contains__": "Mapping protocol",
     "router/routing/receipts.py:route_receipt": "reads the decision's id-keyed tiers and loads",
     "router/routing/cost/candidates.py:price_one": "prices one key of the candidates' id-keyed loads",
-    "router/replicas/views.py:FieldView.__getitem__": "LoadTracker.loads (router/routing/load.py) reads by id",
-    "router/replicas/views.py:FieldView.get": "LoadTracker.loads (router/routing/load.py) reads by id",
-    "router/replicas/views.py:FieldView.__contains__": "LoadTracker.loads (router/routing/load.py) reads by id",
     # a peer's formula keeps that router's own per-worker state (see ALLOWED above)
     "router/routing/policies/dynamo.py:ActiveBlocks.release": "Dynamo's per-worker tracker",
     "router/routing/policies/dynamo.py:ActiveBlocks.with_request": "Dynamo's per-worker tracker",
