@@ -196,7 +196,7 @@ class KVRouter:
             pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
-        receipt = route_receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
+        receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
         return RouteDecision(replica, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,

@@ -74,7 +74,6 @@ ID_EDGES = {
     "router/routing/cost/load_columns.py:CandidateLoads.__contains__": "Mapping protocol",
     "router/routing/cost/prices.py:Prices.__getitem__": "Mapping protocol (id -> estimate)",
     "router/routing/cost/prices.py:Prices.__contains__": "Mapping protocol",
-    "router/routing/receipts.py:route_receipt": "reads the decision's id-keyed tiers and loads",
     "router/routing/cost/candidates.py:price_one": "prices one key of the candidates' id-keyed loads",
     # a peer's formula keeps that router's own per-worker state (see ALLOWED above)
     "router/routing/policies/dynamo.py:ActiveBlocks.release": "Dynamo's per-worker tracker",
