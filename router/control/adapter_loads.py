@@ -57,7 +57,7 @@ class AdapterLoads:
         """Whether a request of ``pool`` routed to ``replica`` must load its adapter there first."""
         if pool is None or pool.lora_name is None or replica.id in pool.holders:
             return False
-        served = self.models.catalog.served.get(replica.id)
+        served = None if replica.removed else replica.served
         return served is None or pool.lora_name not in served.adapters
 
     async def ensure(self, replica: Replica, pool: ModelPool) -> None:
