@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.router.replicas.bookings import Bookings
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 
 if TYPE_CHECKING:
@@ -102,13 +102,6 @@ class LoadTracker:
     def _publish(self, load: ReplicaLoad) -> None:
         if self.row is not None and load.shared_slot is not None:
             self.shared.write(self.row, load.shared_slot, load.in_flight, load.pending_prefill_tokens)
-
-    def add_replica(self, replica_id: ReplicaId) -> ReplicaLoad:
-        """Register a replica in the tracker's set (a tracker of its own; the router adds through its set)."""
-        return self.replicas.add(Replica(replica_id, healthy=True, state=READY)).load
-
-    def remove_replica(self, replica_id: ReplicaId) -> None:
-        self.replicas.remove(replica_id)
 
     def _added(self, replica: Replica) -> None:
         self._slotted = None

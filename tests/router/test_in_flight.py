@@ -13,6 +13,7 @@ from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.proxy import Forwarder
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import Opened
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.load import LoadTracker
 
@@ -21,7 +22,7 @@ PROMPT = list(range(64))
 
 def _tracker() -> LoadTracker:
     loads = LoadTracker()
-    loads.add_replica("a")
+    loads.replicas.add(Replica("a", healthy=True, state=READY))
     return loads
 
 

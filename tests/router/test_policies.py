@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import POLICIES, NoReplicaError, get_policy
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig
@@ -170,7 +171,7 @@ def test_cache_aware_tokens_churn_does_not_move_a_request_off_its_cached_prefix(
 def test_load_tracker_recent_prefill_decays_with_its_time_constant():
     tracker = LoadTracker(churn_tau_s=10.0)
     for rid in ("a", "b"):
-        tracker.add_replica(rid)
+        tracker.replicas.add(Replica(rid, healthy=True, state=READY))
     tracker.on_dispatch(tracker.replicas.get("a"), 1000, now=0.0)
     tracker.on_dispatch(tracker.replicas.get("b"), 1000, now=10.0)  # as recent as it gets: a's tokens have decayed by e since
     ratio = tracker.loads["b"].recent_prefill / tracker.loads["a"].recent_prefill

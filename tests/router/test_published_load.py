@@ -10,6 +10,7 @@ from kvmesh.replica.openai.router_booking import booking_header, parse_booking
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.replicas import load as replica_load
 from kvmesh.router.replicas.bookings import Bookings
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.load import BOOKING_MAX_AGE_S, LoadTracker
 
 
@@ -18,7 +19,7 @@ def _routers(n: int, *replicas: str) -> list[LoadTracker]:
     for k in range(n):
         tracker = LoadTracker(router_id=f"router-{k}")
         for rid in replicas:
-            tracker.add_replica(rid)
+            tracker.replicas.add(Replica(rid, healthy=True, state=READY))
         out.append(tracker)
     return out
 

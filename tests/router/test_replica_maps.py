@@ -47,8 +47,6 @@ ID_EDGES = {
     "router/routing/kv_router.py:KVRouter.add_replica": "registers a replica by id (the plane, the simulator)",
     "router/routing/kv_router.py:KVRouter.remove_replica": "forgets a replica by id (admin, the fleet)",
     "router/routing/kv_router.py:KVRouter.apply_events": "event intake: a batch names its publisher by id",
-    "router/routing/load.py:LoadTracker.add_replica": "a tracker of its own (tests, tools) registers by id",
-    "router/routing/load.py:LoadTracker.remove_replica": "a tracker of its own forgets by id",
     # admin HTTP and the feeds: an id comes in over the wire
     "router/control/runtime.py:Fleet.request_remove": "the fleet's own call: a replica process by its name",
     "router/control/runtime.py:RouterRuntime.remove_replica": "DELETE /replicas/{id} and the owner's rows (follow.py)",

@@ -6,6 +6,7 @@ import multiprocessing as mp
 
 import pytest
 from kvmesh.router.control.workers import MAX_AUTO_WORKERS, spare_cores
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.shared_loads import SharedLoadTable
 
@@ -15,7 +16,7 @@ def _trackers(table: SharedLoadTable, *replicas: str) -> list[LoadTracker]:
     for row in range(table.num_rows):
         tracker = LoadTracker()
         for rid in replicas:
-            tracker.add_replica(rid)
+            tracker.replicas.add(Replica(rid, healthy=True, state=READY))
         tracker.share(table, row)
         out.append(tracker)
     return out
@@ -55,7 +56,7 @@ def test_a_reader_without_a_row_sums_every_writer():
     table = SharedLoadTable(3)
     writers = _trackers(table, "r0")
     reader = LoadTracker()
-    reader.add_replica("r0")
+    reader.replicas.add(Replica("r0", healthy=True, state=READY))
     reader.share(table, None)
     for w in writers:
         w.on_dispatch(w.replicas.get("r0"), 10)
@@ -67,10 +68,10 @@ def test_removing_a_replica_or_clearing_a_dead_process_row_drops_its_counts():
     table = SharedLoadTable(2)
     a, b = _trackers(table, "r0")
     a.on_dispatch(a.replicas.get("r0"), 10)
-    a.remove_replica("r0")
+    a.replicas.remove("r0")
     b.refresh()
     assert b.loads["r0"].total_in_flight == 0
-    a.add_replica("r0")
+    a.replicas.add(Replica("r0", healthy=True, state=READY))
     a.on_dispatch(a.replicas.get("r0"), 10)
     table.clear_row(0)  # the process holding row 0 died: its requests are gone with it
     b.refresh()
@@ -80,10 +81,10 @@ def test_removing_a_replica_or_clearing_a_dead_process_row_drops_its_counts():
 def test_a_replica_added_after_sharing_or_re_registered_keeps_one_column_for_all():
     table = SharedLoadTable(2)
     a, b = _trackers(table, "r0", "r1")
-    a.remove_replica("r0")
-    a.add_replica("r2")  # a newcomer takes the next free column, not the one r0 left
-    a.add_replica("r0")  # back under its id: its old column
-    b.add_replica("r2")
+    a.replicas.remove("r0")
+    a.replicas.add(Replica("r2", healthy=True, state=READY))  # a newcomer takes the next free column, not the one r0 left
+    a.replicas.add(Replica("r0", healthy=True, state=READY))  # back under its id: its old column
+    b.replicas.add(Replica("r2", healthy=True, state=READY))
     a.on_dispatch(a.replicas.get("r0"), 5)
     a.on_dispatch(a.replicas.get("r2"), 3)
     a.on_dispatch(a.replicas.get("r2"), 3)
@@ -96,9 +97,9 @@ def test_processes_agree_on_slots_whatever_order_they_see_replicas_in():
     table = SharedLoadTable(2)
     a, b = LoadTracker(), LoadTracker()
     for rid in ("x", "y"):
-        a.add_replica(rid)
+        a.replicas.add(Replica(rid, healthy=True, state=READY))
     for rid in ("y", "x"):
-        b.add_replica(rid)
+        b.replicas.add(Replica(rid, healthy=True, state=READY))
     a.share(table, 0)
     b.share(table, 1)
     a.on_dispatch(a.replicas.get("y"), 7)
@@ -117,7 +118,7 @@ def test_a_full_table_counts_the_extra_replica_locally_only():
 
 def _write_from_child(table: SharedLoadTable, row: int) -> None:
     tracker = LoadTracker()
-    tracker.add_replica("replica-7")
+    tracker.replicas.add(Replica("replica-7", healthy=True, state=READY))
     tracker.share(table, row)
     tracker.on_dispatch(tracker.replicas.get("replica-7"), 123)
 
@@ -129,7 +130,7 @@ def test_counts_cross_process_boundaries():
     child.join(60)
     assert child.exitcode == 0
     reader = LoadTracker()
-    reader.add_replica("replica-7")
+    reader.replicas.add(Replica("replica-7", healthy=True, state=READY))
     reader.share(table, 0)
     reader.refresh()
     assert (reader.loads["replica-7"].peer_in_flight, reader.loads["replica-7"].prefill_backlog) == (1, 123)
