@@ -48,10 +48,6 @@ DEFAULT_DECODE_STEP_TOKENS = 8192.0
 """vLLM's ``max_num_batched_tokens`` for online serving on 80 GB GPUs: a step budget when the replicas' is unknown."""
 
 
-class NoReplicaError(RuntimeError):
-    """No candidate replica was given to a policy (every replica is unhealthy or none exists)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Choice:
     """A policy's answer for one request: where it goes and what it is predicted to cost there."""
@@ -148,8 +144,3 @@ class Policy:
         """Whether a request of a session pinned to ``pinned`` stays there although the policy made ``choice``
         (router/routing/session.py). Baselines know no cost: the pin always holds."""
         return True
-
-    @staticmethod
-    def _check(loads: Loads) -> None:
-        if not loads:
-            raise NoReplicaError("no healthy replica to route to; start or register a replica")

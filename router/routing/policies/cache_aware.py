@@ -34,6 +34,7 @@ from kvmesh.router.routing.policies.base import (
     PolicyOptions,
     ReplicaId,
 )
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
@@ -85,7 +86,7 @@ class CacheAwarePolicy(Policy):
     def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None,
                pinned: ReplicaId | None = None) -> Choice:
-        self._check(loads)
+        check_candidates(loads)
         prices = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
         chosen = self._cheapest(prices)
         kept = pinned is not None and pinned != chosen and self.keeps_session(

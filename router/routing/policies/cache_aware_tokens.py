@@ -61,6 +61,7 @@ from kvmesh.router.routing.policies.base import (
     PolicyConfig,
     ReplicaId,
 )
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 _RECENT_PREFILL = attrgetter("recent_prefill")
@@ -195,7 +196,7 @@ class CacheAwareTokensPolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
+        check_candidates(loads)
         c, matches, host_matches = self.config, tiers.device, tiers.host
         if host_matches or c.temperature > 0 or self._prices_adapter(lora_name, loads):
             costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens, lora_name)
