@@ -18,8 +18,8 @@ The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> htt
     router/routing   routing itself, the compiled fast path, kvcache hashing and reuse, the event schema and the load
                      message, the serving
                      core -- no HTTP library, never the data plane or control (pure decisions, no I/O)
-    router/http      the data plane: never control (it reaches the running router through the
-                     ``Replicas`` protocol of proxy.py), never aiohttp (its own client) or FastAPI
+    router/http      the data plane: never control (the running router gives it one ``DataPlane`` of
+                     data_plane.py), never aiohttp (its own client) or FastAPI
     router/control   every room; its HTTP calls (probes, a serve worker's control router) go through the
                      data plane's client too, not aiohttp
 

@@ -32,6 +32,7 @@ from kvmesh.router.routing.model_pools import AdapterLoadError
 if TYPE_CHECKING:
     from kvmesh.router.control.models import RouterModels
     from kvmesh.router.control.replica_calls import ReplicaCalls
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.replicas.replica_set import ReplicaSet
     from kvmesh.router.routing.model_pools import ModelPool
 
@@ -48,40 +49,39 @@ class AdapterLoads:
         """``replicas``: the router's set; ``calls``: its client of control calls; ``models``: what each serves."""
         self.replicas, self.calls = replicas, calls
         self.models = models
-        self._loading: dict[tuple[str, str], asyncio.Task] = {}
+        self._loading: dict[tuple[Replica, str], asyncio.Task] = {}
         self.loads = 0
         """Adapter loads the router asked replicas for (routed requests and admin calls)."""
 
-    def needs_load(self, replica_id: str, pool: ModelPool | None) -> bool:
-        """Whether a request of ``pool`` routed to ``replica_id`` must load its adapter there first."""
-        if pool is None or pool.lora_name is None or replica_id in pool.holders:
+    def needs_load(self, replica: Replica, pool: ModelPool | None) -> bool:
+        """Whether a request of ``pool`` routed to ``replica`` must load its adapter there first."""
+        if pool is None or pool.lora_name is None or replica.id in pool.holders:
             return False
-        served = self.models.catalog.served.get(replica_id)
+        served = None if replica.removed else replica.served
         return served is None or pool.lora_name not in served.adapters
 
-    async def ensure(self, replica_id: str, pool: ModelPool) -> None:
-        """Load the pool's adapter on ``replica_id`` unless it has it; AdapterLoadError when that fails."""
-        if not self.needs_load(replica_id, pool):
+    async def ensure(self, replica: Replica, pool: ModelPool) -> None:
+        """Load the pool's adapter on ``replica`` unless it has it; AdapterLoadError when that fails."""
+        if not self.needs_load(replica, pool):
             return
         if pool.lora_path is None:
             raise AdapterLoadError(f"adapter `{pool.lora_name}` has no known path to load it from")
-        await self.load(replica_id, pool.lora_name, pool.lora_path)
+        await self.load(replica, pool.lora_name, pool.lora_path)
 
-    async def load(self, replica_id: str, name: str, path: str) -> None:
-        """One load of ``name`` on ``replica_id`` (concurrent callers share it); AdapterLoadError on failure."""
-        key = (replica_id, name)
+    async def load(self, replica: Replica, name: str, path: str) -> None:
+        """One load of ``name`` on ``replica`` (concurrent callers share it); AdapterLoadError on failure."""
+        key = (replica, name)
         task = self._loading.get(key)
         if task is None:
-            task = self._loading[key] = asyncio.ensure_future(self._call(replica_id, LOAD_PATH,
+            task = self._loading[key] = asyncio.ensure_future(self._call(replica, LOAD_PATH,
                                                                          {"lora_name": name, "lora_path": path}))
             task.add_done_callback(lambda _: self._loading.pop(key, None))
         await asyncio.shield(task)
-        self.models.catalog.add_adapter(replica_id, name, path)
+        self.models.catalog.add_adapter(replica, name, path)
 
-    async def _call(self, replica_id: str, path: str, body: dict[str, str]) -> None:
-        replica = self.replicas.get(replica_id)
-        spec = replica.spec if replica is not None else None
-        if spec is None:
+    async def _call(self, replica: Replica, path: str, body: dict[str, str]) -> None:
+        spec, replica_id = replica.spec, replica.id
+        if spec is None or replica.removed:
             raise AdapterLoadError(f"replica {replica_id} is no longer registered")
         timeout_s = self.calls.upstream.adapter_load_timeout_s
         headers = {"content-type": "application/json", **self.calls.headers()}
@@ -121,10 +121,10 @@ class AdapterLoads:
                                 f"one base model); unload it first or load this one under another name", 409,
                                 param="lora_name")
         catalog.learn_adapter(name, path, base)
-        healthy = self.replicas.healthy_ids()
-        targets = sorted(rid for rid in (catalog.replicas_of(base) if base is not None else ()) if rid in healthy)
-        results = await asyncio.gather(*(self.load(rid, name, path) for rid in targets), return_exceptions=True)
-        failed = {rid: str(r) for rid, r in zip(targets, results, strict=True) if isinstance(r, BaseException)}
+        serving = catalog.replicas_of(base) if base is not None else ()
+        targets = sorted((r for r in self.replicas if r.healthy and r.id in serving), key=lambda r: r.id)
+        results = await asyncio.gather(*(self.load(r, name, path) for r in targets), return_exceptions=True)
+        failed = {r.id: str(e) for r, e in zip(targets, results, strict=True) if isinstance(e, BaseException)}
         if targets and len(failed) == len(targets):
             catalog.forget_adapter(name)
             refused = [r.status for r in results if isinstance(r, AdapterLoadError) and r.status in (400, 404, 409)]
@@ -132,7 +132,7 @@ class AdapterLoads:
             raise ProtocolError(f"adapter `{echo(name)}` did not load on any replica: " + "; ".join(failed.values()),
                                 status, param="lora_path" if status == 400 else None)
         return {"lora_name": name, "lora_path": path, "base_model_name": base,
-                "loaded_on": [rid for rid in targets if rid not in failed], "failed": failed}
+                "loaded_on": [r.id for r in targets if r.id not in failed], "failed": failed}
 
     async def admin_unload(self, name: str) -> dict:
         """``POST /v1/unload_lora_adapter`` on the router: unload it from every replica that has it, forget it."""
@@ -140,12 +140,13 @@ class AdapterLoads:
         if name not in catalog.adapters():
             raise ProtocolError(f"The model `{echo(name)}` does not exist (no adapter of that name is loaded)", 404,
                                 param="lora_name")
-        holders = sorted(rid for rid, s in catalog.served.items() if name in s.adapters)
-        results = await asyncio.gather(*(self._call(rid, UNLOAD_PATH, {"lora_name": name}) for rid in holders),
+        holding = {rid for rid, s in catalog.served.items() if name in s.adapters}
+        holders = sorted((r for r in self.replicas if r.id in holding), key=lambda r: r.id)
+        results = await asyncio.gather(*(self._call(r, UNLOAD_PATH, {"lora_name": name}) for r in holders),
                                        return_exceptions=True)
         catalog.forget_adapter(name)
-        failed = {rid: str(r) for rid, r in zip(holders, results, strict=True) if isinstance(r, BaseException)}
-        return {"lora_name": name, "unloaded_from": [rid for rid in holders if rid not in failed], "failed": failed}
+        failed = {r.id: str(e) for r, e in zip(holders, results, strict=True) if isinstance(e, BaseException)}
+        return {"lora_name": name, "unloaded_from": [r.id for r in holders if r.id not in failed], "failed": failed}
 
 
 def _message(raw: bytes) -> str:

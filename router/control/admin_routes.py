@@ -130,14 +130,15 @@ def _install_replica_set(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):
-        if replica_id not in runtime.replicas:
+        replica = runtime.replicas.get(replica_id)
+        if replica is None:
             raise ProtocolError(f"no replica {echo(replica_id)!r}; GET /replicas lists them", 404)
         try:  # the fleet may refuse (its last replica) before anything changes
             removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
         except ValueError as e:
             raise ProtocolError(str(e), 409) from None
-        runtime.drain(replica_id)
-        answer = {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
+        runtime.drain(replica)
+        answer = {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica),
                   "will_be_removed": bool(removing)}
         if removing:  # serve's replica count drops by one for good (until a scale or the autoscaler)
             answer["target"] = runtime.fleet.target
@@ -153,8 +154,7 @@ def _install_replica_set(app: FastAPI, runtime: RouterRuntime) -> None:
             raise ProtocolError(f"bad replica registration: {echo(str(e))}; send "
                                 '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
                                 f'"id": "name", "role": "{"|".join(ROLES)}"}}') from None
-        runtime.add_replica(spec)
-        return {"id": spec.replica_id, "healthy": await runtime.probes.probe(spec)}
+        return {"id": spec.replica_id, "healthy": await runtime.probes.probe(runtime.add_replica(spec))}
 
     @app.delete("/replicas/{replica_id:path}")
     async def delete_replica(replica_id: str):

@@ -86,7 +86,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
         healthy = sorted(map(str, runtime.router.healthy))
         feed = runtime.feed_state()
         body = {"status": "ok" if healthy else "unavailable", "healthy_replicas": healthy,
-                "replicas": len(runtime.specs), "event_feed": feed,
+                "replicas": sum(r.spec is not None for r in runtime.replicas), "event_feed": feed,
                 "degraded_replicas": {str(rid): why for rid, why in list(runtime.router.degraded.items())}}
         if healthy and not feed["alive"]:  # requests are still served, by load only
             body["status"] = "degraded"
@@ -101,7 +101,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
 
     @app.get("/get_load")
     async def get_load():
-        loads = runtime.router.loads.loads.values()
+        loads = [replica.load for replica in runtime.replicas]
         return [{"dp_rank": 0, "num_reqs": sum(load.in_flight for load in loads), "num_waiting_reqs": 0,
                  "num_tokens": sum(load.pending_prefill_tokens for load in loads)}]
 

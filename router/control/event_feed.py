@@ -61,8 +61,8 @@ class EventFeed:
             stream.quarantined = False  # a fresh start: what follows describes its cache again
         self._check_blocks_held(source, batch.events)
         self.router.apply_events(source, batch)
-        stream.lag_s = self.metrics.observe_batch(source, batch.ts)
-        self.stream_watch.on_batch(source, batch.ts)
+        stream.lag_s = self.metrics.observe_batch(batch.ts)
+        self.stream_watch.on_batch(replica, batch.ts)
 
     def _check_blocks_held(self, source: str, events: list) -> None:
         held, stored = None, 0
@@ -81,24 +81,27 @@ class EventFeed:
     def on_status(self, source: str, status: str, detail: str) -> None:
         """The subscriber's word on a source (its thread): bad frames (quarantine, above), a loss it
         could not repair (the tree is dropped and a snapshot asked for), a snapshot applied."""
+        replica = self.replicas.get(source)
+        if replica is None:
+            return  # removed meanwhile
         if status == DEGRADED:
             logger.warning("replica %s: event stream degraded (%s); routing to it by load only and "
                            "ignoring its events until it is resynced", source, detail)
-            self.router.set_degraded(source, detail, BAD_FRAMES)
-            self._quarantine(source, True)
-            self.router.clear_cache(source)
+            self.router.set_degraded(replica, detail, BAD_FRAMES)
+            replica.stream.quarantined = True
+            self.router.clear_cache(replica)
         elif status == RECOVERED:
             logger.info("replica %s: event stream trusted again (%s)", source, detail)
-            self._quarantine(source, False)
-            self.router.set_degraded(source, None, BAD_FRAMES)
+            replica.stream.quarantined = False
+            self.router.set_degraded(replica, None, BAD_FRAMES)
         elif status == UNRECOVERED:
-            self.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
+            self.router.clear_cache(replica)  # what it said may be wrong: forget it, relearn it
             snapshots = self.subscriber.snapshots_supported(source) is not False
-            self.stream_watch.on_lost(source, detail, snapshots)
+            self.stream_watch.on_lost(replica, detail, snapshots)
             if snapshots:
                 self.subscriber.resync(source)
         elif status == SNAPSHOT_APPLIED:
-            self.stream_watch.on_snapshot(source)
+            self.stream_watch.on_snapshot(replica)
 
     def start(self) -> None:
         """Start the subscriber and the load feed (in the router's event loop)."""
@@ -113,8 +116,3 @@ class EventFeed:
             self.loads.close()
         if self.subscriber is not None:
             self.subscriber.close()
-
-    def _quarantine(self, source: str, on: bool) -> None:
-        replica = self.replicas.get(source)
-        if replica is not None:
-            replica.stream.quarantined = on

@@ -122,14 +122,14 @@ def apply_rows(runtime: RouterRuntime, rows: list[ReplicaRow]) -> int:
     """Make ``runtime``'s replica set equal to the owner's ``rows`` (add / re-register, drain, remove); returns how
     many replicas it routes to. Also used by the routers serve places on Ray nodes (cluster/launch/node_router.py)."""
     wanted = {row.id: row for row in rows}
-    for replica_id in list(runtime.specs):
-        if replica_id not in wanted:
-            runtime.remove_replica(replica_id)
+    for replica in runtime.replicas:
+        if replica.spec is not None and replica.id not in wanted:
+            runtime.remove_replica(replica.id)
     for replica_id, row in wanted.items():
         spec = ReplicaSpec(url=row.url, events=row.events, replay=row.replay, replica_id=replica_id, role=row.role)
         if replica_id in runtime.draining and not row.draining:
             runtime.remove_replica(replica_id)  # re-registered at the owner: start afresh
-        runtime.add_replica(spec)
+        replica = runtime.add_replica(spec)
         if row.draining:
-            runtime.drain(replica_id)
+            runtime.drain(replica)
     return len(runtime.router.healthy)

@@ -28,6 +28,7 @@ from kvmesh.router.http.upstream import UpstreamError
 if TYPE_CHECKING:
     from kvmesh.router.config import ReplicaSpec
     from kvmesh.router.control.replica_calls import ReplicaCalls
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.replicas.replica_set import ReplicaSet
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,6 @@ class KVPeerRegistry:
         return msgspec.json.encode({"router_id": self.router_id, "ttl_s": ttl_s,
                                     "peers": [{"replica_id": s.replica_id, "url": s.url} for s in specs]})
 
-    def _transfer_on(self, replica_id: str) -> bool:
-        replica = self.replicas.get(replica_id)
-        return replica is not None and replica.load.kv_transfer_enabled
-
     def _healthy_targets(self) -> list[ReplicaSpec]:
         return [r.spec for r in self.replicas if r.healthy and r.spec is not None and r.load.kv_transfer_enabled]
 
@@ -88,10 +85,10 @@ class KVPeerRegistry:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def before_healthy(self, spec: ReplicaSpec) -> None:
-        """``spec`` is about to be routed to: the set to it (transfer on) and to every healthy replica."""
-        targets = self._healthy_targets()
-        if self._transfer_on(spec.replica_id) and spec not in targets:
+    async def before_healthy(self, replica: Replica) -> None:
+        """``replica`` is about to be routed to: the set to it (transfer on) and to every healthy replica."""
+        targets, spec = self._healthy_targets(), replica.spec
+        if not replica.removed and replica.load.kv_transfer_enabled and spec not in targets:
             targets.append(spec)
         await self.push(targets)
 

@@ -34,9 +34,10 @@ from kvmesh.router.routing.model_pools import ModelCatalog, ModelPool, ServedMod
 if TYPE_CHECKING:
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.tokenizer import Tokenizer
-    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.config import RouterConfig
     from kvmesh.router.control.replica_calls import ReplicaCalls
     from kvmesh.router.http.token_forwarding import ServerInfo
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.replicas.replica_set import ReplicaSet
 
 logger = logging.getLogger(__name__)
@@ -127,9 +128,9 @@ class RouterModels:
         own = (self.tokenizer, self.renderer)
         return own if pool is None else self.frontends.get(pool.base, own)
 
-    def tokenizer_of(self, replica_id: str) -> Tokenizer | None:
-        """The tokenizer of the model ``replica_id`` serves (its upstream kind and fingerprint check use it)."""
-        base = self.catalog.base_of(replica_id)
+    def tokenizer_of(self, replica: Replica) -> Tokenizer | None:
+        """The tokenizer of the model ``replica`` serves (its upstream kind and fingerprint check use it)."""
+        base = self.catalog.base_of(replica)
         return self.tokenizer if base is None else self.frontends.get(
             base, (self.tokenizer, None))[0]
 
@@ -157,30 +158,30 @@ class RouterModels:
         return tokenizer.max_model_len if tokenizer is not None else None
 
     # ---------------------------------------------------------------- reports
-    async def learn(self, spec: ReplicaSpec, info: ServerInfo | None) -> None:
-        """Read what ``spec`` serves (its ``/v1/models``) and make its base model's tokenizer ready."""
+    async def learn(self, replica: Replica, info: ServerInfo | None) -> None:
+        """Read what ``replica`` serves (its ``/v1/models``) and make its base model's tokenizer ready."""
+        spec = replica.spec
         try:
             status, _, raw = await self.calls.control.fetch("GET", spec.url, "/v1/models",
                                                         self.config.upstream.connect_timeout_s, headers=self.calls.headers())
         except (UpstreamError, OSError, asyncio.TimeoutError):
             return
         served = served_models(raw) if status == 200 else None
-        replica = self.replicas.get(spec.replica_id)
-        if served is None or replica is None or replica.spec is not spec:
+        if served is None or replica.removed or replica.spec is not spec:
             return
-        self.catalog.set_served(spec.replica_id, served)
+        self.catalog.set_served(replica, served)
         await self._frontend_ready(served, info)
 
-    def on_load(self, spec: ReplicaSpec, report: LoadReport) -> None:
+    def on_load(self, replica: Replica, report: LoadReport) -> None:
         """A ``/load`` report: the adapters the replica has now (its ``lora`` section, when LoRA is on); one
         whose path the router does not know yet is read from its ``/v1/models`` (e.g. another router loaded it)."""
-        if not report.lora.enabled or not self.catalog.set_adapters(spec.replica_id, report.lora.adapters,
+        if not report.lora.enabled or not self.catalog.set_adapters(replica, report.lora.adapters,
                                                                       report.lora.identities):
             return
-        names, replica = frozenset(report.lora.adapters), self.replicas.get(spec.replica_id)
-        if replica is not None and replica.adapters_asked != names:  # once per set of adapters, not every poll
+        names = frozenset(report.lora.adapters)
+        if not replica.removed and replica.adapters_asked != names:  # once per set of adapters, not every poll
             replica.adapters_asked = names
-            asyncio.ensure_future(self.learn(spec, None))
+            asyncio.ensure_future(self.learn(replica, None))
 
     async def _frontend_ready(self, served: ServedModels, info: ServerInfo | None) -> None:
         base = served.base

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import RouterConfig
 from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 from kvmesh.router.replicas.load import ForeignLoad
-from kvmesh.router.replicas.replica import INCOMPATIBLE
+from kvmesh.router.replicas.replica import INCOMPATIBLE, Replica
 from kvmesh.router.routing.kv_router import KVRouter
 
 if TYPE_CHECKING:
@@ -60,8 +60,9 @@ class ReplicaProbes:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
 
-    async def probe(self, spec: ReplicaSpec) -> bool:
+    async def probe(self, replica: Replica) -> bool:
         """GET /health (and /load when it has one); marks the replica healthy or not."""
+        spec, rid = replica.spec, replica.id
         timeout_s = self.config.upstream.connect_timeout_s
         turned_on = False  # KV transfer on in this /load, off (or unknown) in the last; or no peers registered
         try:
@@ -71,59 +72,55 @@ class ReplicaProbes:
                 sent_at = time.time()
                 status, _, raw = await self.pool.fetch("GET", spec.url, "/load", timeout_s, headers=self.calls.headers())
                 report = decode_load(raw) if status == 200 else None
-                load = self.router.loads.loads.get(spec.replica_id)
-                if report is not None and load is not None:
+                if report is not None and not replica.removed:
+                    load = replica.load
                     load.update_report(report)
                     if isinstance(report, LoadReport):
-                        self.models.on_load(spec, report)  # the adapters it has now
+                        self.models.on_load(replica, report)  # the adapters it has now
                     was_on, transfer = load.kv_transfer_enabled, decode_transfer(raw)
                     load.update_transfer(transfer)
                     turned_on = load.kv_transfer_enabled and (not was_on or transfer.get("registered_peers") == 0)
-                    self.check_stream(spec, report, sent_at, time.time())
-                    self.health.check_progress(spec, report, load.queued_prefill_tokens)
+                    self.check_stream(replica, report, sent_at, time.time())
+                    self.health.check_progress(replica, report, load.queued_prefill_tokens)
             connect_error = False
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             ok, connect_error = False, isinstance(e, UpstreamConnectError)
-        if self._current(spec) is None:
+        if replica.removed or replica.spec is not spec:
             return ok  # removed or re-registered meanwhile
-        self.feed.stream_watch.tick(spec.replica_id, self.feed.subscriber.disconnected_s(spec.replica_id)
-                             if spec.events and self.feed.subscriber is not None else None)
-        was = self.router.replicas.get(spec.replica_id).healthy
-        if self.health.after_probe(spec, ok):
+        self.feed.stream_watch.tick(replica, self.feed.subscriber.disconnected_s(rid)
+                                    if spec.events and self.feed.subscriber is not None else None)
+        was = replica.healthy
+        if self.health.after_probe(replica, ok):
             pass  # ejected: only its probe request re-admits it (passive_health.py)
-        elif ok and not was and not self.router.replicas.get(spec.replica_id).draining:
-            logger.info("replica %s is healthy", spec.replica_id)
-            await self.check_compatible(spec)
-            await self.kv_peers.before_healthy(spec)  # its pull peers (and it among the others') first
-            self.router.set_healthy(spec.replica_id, True)
+        elif ok and not was and not replica.draining:
+            logger.info("replica %s is healthy", rid)
+            await self.check_compatible(replica)
+            await self.kv_peers.before_healthy(replica)  # its pull peers (and it among the others') first
+            self.router.set_healthy(replica, True)
         elif turned_on and was:
             await self.kv_peers.push([spec])  # healthy already, transfer only now on (or restarted): its pull peers
         if not ok and was:
-            self.health.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
+            self.health.failures.mark_failed(replica, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:
-            self.router.set_healthy(spec.replica_id, False, clear_cache=True)
+            self.router.set_healthy(replica, False, clear_cache=True)
         return ok
 
-    def _current(self, spec: ReplicaSpec):
-        """``spec``'s replica while it is registered with ``spec`` (None: removed or re-registered)."""
-        replica = self.router.replicas.get(spec.replica_id)
-        return replica if replica is not None and replica.spec is spec else None
-
-    def check_stream(self, spec: ReplicaSpec, report: LoadReport | ForeignLoad, sent_at: float,
+    def check_stream(self, replica: Replica, report: LoadReport | ForeignLoad, sent_at: float,
                      received_at: float) -> None:
         """Hold a ``/load`` report (asked for at ``sent_at``, answered at ``received_at``) against the
         last batch of the replica the router applied: a stalled stream degrades it (StreamWatch)."""
-        if not spec.events or self.feed.subscriber is None:
+        if not replica.spec.events or self.feed.subscriber is None:
             return  # no stream to fall behind
-        stats = self.feed.subscriber.stats.get(spec.replica_id)
+        stats = self.feed.subscriber.stats.get(replica.id)
         applied = stats.last_seq if stats is not None else -1
-        self.feed.stream_watch.on_report(spec.replica_id, report, applied, sent_at, received_at)
+        self.feed.stream_watch.on_report(replica, report, applied, sent_at, received_at)
 
-    async def check_compatible(self, spec: ReplicaSpec) -> None:
+    async def check_compatible(self, replica: Replica) -> None:
         """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
         block size, tokenizer or chat template (its ``/server_info``, against the tokenizer of the model it
         serves: its ``/v1/models``, router/control/models.py). Replicas that do not say (vLLM) are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
         the router's token ids for chat too (router/http/token_forwarding.py)."""
+        spec = replica.spec
         try:
             status, _, raw = await self.pool.fetch("GET", spec.url, "/server_info",
                                                    self.config.upstream.connect_timeout_s, headers=self.calls.headers())
@@ -131,18 +128,18 @@ class ReplicaProbes:
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError):
             info = None
         info = info if isinstance(info, dict) else None
-        await self.models.learn(spec, info)  # what it serves (its /v1/models), its model's tokenizer ready
-        tokenizer = self.models.tokenizer_of(spec.replica_id)
-        replica = self.router.replicas.get(spec.replica_id)
-        if replica is not None and replica.spec is spec:
+        await self.models.learn(replica, info)  # what it serves (its /v1/models), its model's tokenizer ready
+        tokenizer = self.models.tokenizer_of(replica)
+        if not replica.removed and replica.spec is spec:
             replica.accepts = upstream_kind(info, tokenizer)
         reason = incompatibility(info, self.config.block_size, tokenizer)
         if reason is not None:
-            logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)
-            self.router.set_degraded(spec.replica_id, reason, INCOMPATIBLE)
+            logger.warning("replica %s is routed by load only: %s", replica.id, reason)
+            self.router.set_degraded(replica, reason, INCOMPATIBLE)
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(s) for s in [r.spec for r in self.router.replicas if r.spec is not None]), return_exceptions=True)
+        await asyncio.gather(*(self.probe(r) for r in self.router.replicas if r.spec is not None),
+                             return_exceptions=True)
 
     async def _poll_loop(self) -> None:
         while True:

@@ -50,7 +50,9 @@ class PublishedLoads:
 
     def _received(self, replica_id: str, update: ReplicaLoadUpdate) -> None:
         """The feed's thread: apply on the event loop, where the router books its requests."""
-        self.loop.call_soon_threadsafe(self.router.loads.apply_published, replica_id, update)
+        replica = self.router.replicas.get(replica_id)  # the event intake names its replica by id
+        if replica is not None:
+            self.loop.call_soon_threadsafe(self.router.loads.apply_published, replica, update)
 
     def _absent(self, replica_id: str) -> None:  # once per source (the feed's)
         logger.info("replica %s publishes no load on its event stream: its /load polls count", replica_id)

@@ -50,7 +50,7 @@ class RouterServer:
         self.config = config
         self.runtime = RouterRuntime(config, replicas, tokenizer)
         self.app = build_app(self.runtime)
-        forwarder, auth = Forwarder(self.runtime), auth_rule(config, self.runtime.tenants)
+        forwarder, auth = Forwarder(self.runtime.plane), auth_rule(config, self.runtime.tenants)
         self.door = Door(proxied_routes(forwarder, auth, served_model(config)), self.app, config.frontend, extra_headers)
         """Where every request enters (router/http/door.py)."""
         self.responses = ResponsesService(ResponseStore(config.frontend), lambda: served_model(config))

@@ -37,11 +37,11 @@ from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.replica_calls import ReplicaCalls
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.admission_gate import AdmissionGate
+from kvmesh.router.http.data_plane import DataPlane
 from kvmesh.router.http.fleet_metrics import FleetMetrics
 from kvmesh.router.http.metrics import RouterMetrics
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.replicas.replica import DRAINING, Replica
-from kvmesh.router.replicas.views import FieldView
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
@@ -78,12 +78,7 @@ class RouterRuntime:
         self.config = config
         self.router: KVRouter = build_router(config, seed=secrets.randbits(64))
         self.replicas = self.router.replicas
-        """One record per replica (router/replicas/): its spec, state, health, load, models, ..."""
-        self.specs = FieldView(self.replicas, "spec")
-        """Replica id -> its ``ReplicaSpec`` (a view of the records)."""
-        self.upstream_kinds = FieldView(self.replicas, "accepts")
-        """Replica id -> what it accepts instead of text (router/http/token_forwarding.py), once its ``/server_info``
-        said (a view of the records)."""
+        """One record per replica (router/replicas/): its spec, state, health, load, models, what it accepts, ..."""
         self.calls = ReplicaCalls(config)
         """The router's HTTP clients to its replicas and their credentials (replica_calls.py)."""
         self.tokenizer = tokenizer = router_tokenizer(config, tokenizer)
@@ -102,6 +97,10 @@ class RouterRuntime:
         self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
         """Captured / available reuse and stale-index predictions, from the route receipts."""
         self._control_parts()
+        self.plane = DataPlane(config, self.router, self.renderer, self.tenants, self.metrics, self.receipt_metrics,
+                               self.health.failures, self.admission, self.calls.headers(), self.models.pool_for,
+                               self.models.frontend, self.ensure_adapter)
+        """What the data plane works with (router/http/data_plane.py): the proxy is given this, not the runtime."""
         self.fleet: Fleet | None = None
         """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
         self._initial = list(replicas or [])
@@ -122,8 +121,7 @@ class RouterRuntime:
         """Registers the replica set on the replicas with KV transfer on (their pull peers, kv_peers.py)."""
         self.health = PassiveHealth(config, router, self.metrics, calls, self.feed, self.kv_peers)
         """Deadlines and ejections from what the replicas' answers say (passive_health.py)."""
-        self.outliers, self.record_failure, self.patience, self.mark_failed = (  # the proxy's Replicas protocol
-            self.health.outliers, self.health.record_failure, self.health.patience, self.health.mark_failed)
+        self.outliers = self.health.outliers
         self.models = RouterModels(config, self.replicas, self.tokenizer, self.renderer, calls)
         """What each replica serves, the pool a request's "model" picks, a tokenizer per base model (models.py)."""
         self.adapters = AdapterLoads(self.replicas, calls, self.models)
@@ -141,14 +139,11 @@ class RouterRuntime:
         """Keep-alive connections to the replicas carrying the proxied requests (router/http/upstream.py)."""
         return self.calls.requests
 
-    def headers(self) -> dict[str, str]:
-        """Credentials of every call to a replica: the cluster's internal key, else ``upstream.replica_api_key``."""
-        return self.calls.headers()
-
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.calls.start()
+        self.plane.pool = self.calls.requests
         self.kv_peers.start(self._loop)
         self.feed.start()
         for spec in self._initial:
@@ -181,10 +176,10 @@ class RouterRuntime:
         """The tokenizer and renderer of the pool's base model."""
         return self.models.frontend(pool)
 
-    async def ensure_adapter(self, replica_id: str, pool: ModelPool | None) -> None:
-        """Load the pool's adapter on ``replica_id`` when it lacks it (AdapterLoadError: it did not load)."""
+    async def ensure_adapter(self, replica: Replica, pool: ModelPool | None) -> None:
+        """Load the pool's adapter on ``replica`` when it lacks it (AdapterLoadError: it did not load)."""
         if pool is not None and pool.lora_name is not None:
-            await self.adapters.ensure(replica_id, pool)
+            await self.adapters.ensure(replica, pool)
 
     # ---------------------------------------------------------------- replica set
     @property
@@ -192,17 +187,19 @@ class RouterRuntime:
         """Replicas that get no new requests (``drain``) until removed or re-registered."""
         return frozenset(r.id for r in self.replicas if r.draining)
 
-    def add_replica(self, spec: ReplicaSpec) -> None:
-        """Register a replica, or re-register it with new endpoints (its tree is dropped then)."""
+    def add_replica(self, spec: ReplicaSpec) -> Replica:
+        """Register a replica, or re-register it with new endpoints (its tree is dropped then); its record."""
         old = self.replicas.get(spec.replica_id)
         if old is not None and old.spec == spec:
-            return
+            return old
         if old is not None:
             self.remove_replica(spec.replica_id)
-        self.router.add_replica(spec.replica_id, healthy=False, role=spec.role, spec=spec)
+        replica = self.router.add_replica(spec.replica_id, healthy=False, role=spec.role, spec=spec)
         logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
+        return replica
 
     def remove_replica(self, replica_id: str) -> bool:
+        """Forget the replica named ``replica_id`` (the admin's and the fleet's word); False: no such replica."""
         return self.router.remove_replica(replica_id) is not None
 
     def _added(self, replica: Replica) -> None:
@@ -215,7 +212,7 @@ class RouterRuntime:
 
             self.subscriber.add_source(PublisherSource(spec.replica_id, spec.events, spec.replay))
         if self._loop is not None:  # probe now rather than at the next poll
-            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probes.probe(spec)))
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probes.probe(replica)))
         self.kv_peers.changed()
 
     def _removed(self, replica: Replica) -> None:
@@ -224,23 +221,17 @@ class RouterRuntime:
             self.subscriber.remove_source(replica.id)
         self.kv_peers.changed()
 
-    def drain(self, replica_id: str) -> bool:
-        """Stop routing new requests to a replica; running ones finish. False: no such replica."""
-        replica = self.replicas.get(replica_id)
-        if replica is None:
-            return False
+    def drain(self, replica: Replica) -> None:
+        """Stop routing new requests to a replica; running ones finish."""
         if not replica.draining:
-            logger.info("replica %s draining: no new requests, %d in flight", replica_id,
-                        self.in_flight(replica_id))
+            logger.info("replica %s draining: no new requests, %d in flight", replica.id, self.in_flight(replica))
         replica.state = DRAINING
-        self.router.set_healthy(replica_id, False)
-        return True
+        self.router.set_healthy(replica, False)
 
-    def in_flight(self, replica_id: str) -> int:
+    def in_flight(self, replica: Replica) -> int:
         """Requests this router (all its processes, when they share counts) sent to the replica that
         have not finished (streams until their last byte)."""
-        replica = self.replicas.get(replica_id)
-        if replica is None:
+        if replica.removed:
             return 0
         self.router.loads.refresh()
         return replica.load.total_in_flight
@@ -251,13 +242,13 @@ class RouterRuntime:
         if pool is None:  # not started
             return
         timeout_s = self.config.upstream.connect_timeout_s
-        headers = {**self.headers(), "accept": "text/plain"}
+        headers = {**self.calls.headers(), "accept": "text/plain"}
 
         async def fetch(url: str) -> tuple[int, bytes]:
             status, _, body = await pool.fetch("GET", url, "/metrics", timeout_s, b"", headers)
             return status, body
 
-        await self.fleet_metrics.refresh({r.id: r.spec.url for r in self.replicas}, fetch)
+        await self.fleet_metrics.refresh(self.replicas, fetch)
 
     # ---------------------------------------------------------------- events
     def feed_state(self) -> Json:

@@ -32,7 +32,7 @@ import time
 
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.replicas.load import ForeignLoad
-from kvmesh.router.replicas.replica import LAGGING, LOST_EVENTS, STALLED, DegradedCause, ReplicaId
+from kvmesh.router.replicas.replica import LAGGING, LOST_EVENTS, STALLED, DegradedCause, Replica
 from kvmesh.router.replicas.stream import StreamState
 from kvmesh.router.routing.kv_router import KVRouter
 
@@ -49,50 +49,45 @@ class StreamWatch:
         self._set = router.set_degraded
         self.replicas = router.replicas
 
-    def _stream(self, replica_id: ReplicaId) -> StreamState:
-        """The replica's stream (a replica not registered: a throwaway one; a re-registered one starts over)."""
-        replica = self.replicas.get(replica_id)
-        return replica.stream if replica is not None else StreamState()
-
     # ---------------------------------------------------------------- subscriber thread
-    def on_batch(self, replica_id: ReplicaId, batch_ts: float, now: float | None = None) -> None:
+    def on_batch(self, replica: Replica, batch_ts: float, now: float | None = None) -> None:
         """A batch was applied (``now``: the router's ``time.time()``)."""
-        st = self._stream(replica_id)
+        st = replica.stream
         now = time.time() if now is None else now
         lag = now + st.clock_offset - batch_ts
         if lag > self.max_lag_s:
             first, st.lagging, st.lagged_at = not st.lagging, True, now
-            self._mark(replica_id, first, LAGGING,
+            self._mark(replica, first, LAGGING,
                        f"event stream lagging: a batch applied {lag:.1f}s after it was published "
                        f"(events_max_lag_s={self.max_lag_s:g})")
         elif st.lagging:
             st.lagging = False
-            self._clear(replica_id, LAGGING, "a batch applied in time")
+            self._clear(replica, LAGGING, "a batch applied in time")
 
-    def on_lost(self, replica_id: ReplicaId, detail: str, has_snapshots: bool, now: float | None = None) -> None:
+    def on_lost(self, replica: Replica, detail: str, has_snapshots: bool, now: float | None = None) -> None:
         """The subscriber gave a gap of this replica up."""
-        st = self._stream(replica_id)
+        st = replica.stream
         first = st.lost_at is None
         st.lost_at = time.monotonic() if now is None else now
         st.lost_until_snapshot = has_snapshots
         then = ("resyncing from a snapshot" if has_snapshots else
                 f"its cached blocks were forgotten and are relearned from new events for {self.max_lag_s:g}s")
-        self._mark(replica_id, first, LOST_EVENTS, f"lost events ({detail}); {then}")
+        self._mark(replica, first, LOST_EVENTS, f"lost events ({detail}); {then}")
 
-    def on_snapshot(self, replica_id: ReplicaId) -> None:
+    def on_snapshot(self, replica: Replica) -> None:
         """A snapshot replaced everything the router knew of this replica."""
-        st = self._stream(replica_id)
+        st = replica.stream
         if st.lost_at is not None:
             st.lost_at = None
-            self._clear(replica_id, LOST_EVENTS, "resynced from a snapshot")
+            self._clear(replica, LOST_EVENTS, "resynced from a snapshot")
 
     # ---------------------------------------------------------------- poller
-    def on_report(self, replica_id: ReplicaId, report: LoadReport | ForeignLoad, applied_seq: int, sent_at: float,
+    def on_report(self, replica: Replica, report: LoadReport | ForeignLoad, applied_seq: int, sent_at: float,
                   received_at: float, now: float | None = None) -> None:
         """A ``/load`` report, asked for at ``sent_at`` and answered at ``received_at`` (router's
         ``time.time()``); ``applied_seq``: the last seq of this replica the router applied, read
         after the answer arrived. ``now``: ``time.monotonic()``."""
-        st = self._stream(replica_id)
+        st = replica.stream
         now = time.monotonic() if now is None else now
         stamp: object
         published: object
@@ -117,7 +112,7 @@ class StreamWatch:
             # nothing late came for max_lag_s, so it does not flap between degraded and exact.
             if st.lagging and received_at - st.lagged_at > self.max_lag_s:
                 st.lagging = False
-                self._clear(replica_id, LAGGING, f"every published batch is applied, none late for "
+                self._clear(replica, LAGGING, f"every published batch is applied, none late for "
                                                  f"{self.max_lag_s:g}s")
         else:
             if st.behind is None or applied_seq >= st.behind[0]:
@@ -128,41 +123,41 @@ class StreamWatch:
                        f"for {behind_s:.0f}s")
         if isinstance(unsent_s, int | float) and unsent_s > self.max_lag_s:
             why = f"event stream stalled: the replica's publisher has not sent its batches of the last {unsent_s:.0f}s"
-        self._stall(replica_id, st, "report", why)
+        self._stall(replica, st, "report", why)
 
-    def tick(self, replica_id: ReplicaId, disconnected_s: float | None = None, now: float | None = None) -> None:
+    def tick(self, replica: Replica, disconnected_s: float | None = None, now: float | None = None) -> None:
         """Once per poll: ``disconnected_s``, how long the connection to the replica's publisher has
         been down (None: up, or not ours to tell); and a loss on a source without snapshots may
         have been outlived."""
         now = time.monotonic() if now is None else now
         if disconnected_s is not None and disconnected_s > self.max_lag_s:
-            self._stall(replica_id, self._stream(replica_id), "link",
+            self._stall(replica, replica.stream, "link",
                         f"event stream stalled: no connection to its publisher for {disconnected_s:.0f}s")
-        st = self._stream(replica_id)
+        st = replica.stream
         if disconnected_s is None or disconnected_s <= self.max_lag_s:
-            self._stall(replica_id, st, "link", None)
+            self._stall(replica, st, "link", None)
         if st.lost_at is not None and not st.lost_until_snapshot and now - st.lost_at > self.max_lag_s:
             st.lost_at = None
-            self._clear(replica_id, LOST_EVENTS, f"no further loss for {self.max_lag_s:g}s")
+            self._clear(replica, LOST_EVENTS, f"no further loss for {self.max_lag_s:g}s")
 
     # ---------------------------------------------------------------- helpers
-    def _stall(self, replica_id: ReplicaId, st: StreamState, by: str, why: str | None) -> None:
+    def _stall(self, replica: Replica, st: StreamState, by: str, why: str | None) -> None:
         """What ``by`` shows of a stall: ``why``, or None (nothing); stalled while either shows one."""
         if why is None:
             if st.stalled_by.pop(by, None) is None or st.stalled_by:
                 return
             st.stalled = False
-            self._clear(replica_id, STALLED, "caught up")
+            self._clear(replica, STALLED, "caught up")
             return
         st.stalled_by[by] = why
         first, st.stalled = not st.stalled, True
-        self._mark(replica_id, first, STALLED, "; ".join(st.stalled_by.values()))
+        self._mark(replica, first, STALLED, "; ".join(st.stalled_by.values()))
 
-    def _mark(self, replica_id: ReplicaId, first: bool, cause: DegradedCause, reason: str) -> None:
+    def _mark(self, replica: Replica, first: bool, cause: DegradedCause, reason: str) -> None:
         if first:  # the reason is updated at every check, logged once
-            logger.warning("replica %s: %s; routing to it by load only", replica_id, reason)
-        self._set(replica_id, reason, cause)
+            logger.warning("replica %s: %s; routing to it by load only", replica.id, reason)
+        self._set(replica, reason, cause)
 
-    def _clear(self, replica_id: ReplicaId, cause: DegradedCause, why: str) -> None:
-        logger.info("replica %s: event stream exact again (%s)", replica_id, why)
-        self._set(replica_id, None, cause)
+    def _clear(self, replica: Replica, cause: DegradedCause, why: str) -> None:
+        logger.info("replica %s: event stream exact again (%s)", replica.id, why)
+        self._set(replica, None, cause)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from kvmesh.router.admission.queue import Waiter
     from kvmesh.router.admission.tenants import Tenants
     from kvmesh.router.http.proxy_request import ProxyRequest
-    from kvmesh.router.replicas.replica import ReplicaId
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
     from prometheus_client import CollectorRegistry
 
@@ -236,10 +236,10 @@ class AdmissionGate:
             decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
         except NoReplicaError:  # nothing to wait for: dispatch answers 503
             decision = None
-        priced = decision is not None and decision.predicted_ttft_s is not None
-        room = self._room(now, decision.replica_id if priced else None)
+        chosen = None if decision is None else decision.replica
+        room = self._room(now, chosen if decision is not None and decision.predicted_ttft_s is not None else None)
         verdict = GO if decision is None else adm.gate(
-            waiter, decision.predicted_ttft_s, room, now, idle=self._idle(decision.replica_id),
+            waiter, decision.predicted_ttft_s, room, now, idle=_idle(chosen),
             predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
         if verdict == WAIT:
             return WAIT
@@ -258,9 +258,10 @@ class AdmissionGate:
             if not future.done():
                 future.set_result(shed)
 
-    def _room(self, now: float, replica_id: ReplicaId | None = None) -> bool:
-        """Whether ``replica_id`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
-        for replica in self.router.replicas.candidates(None if replica_id is None else (replica_id,)):
+    def _room(self, now: float, chosen: Replica | None = None) -> bool:
+        """Whether ``chosen`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
+        replicas = self.router.replicas.candidates() if chosen is None else [chosen] if chosen.routable else []
+        for replica in replicas:
             load = replica.load
             if replica.learned_slots is None:
                 replica.learned_slots = LearnedSlots()
@@ -269,11 +270,6 @@ class AdmissionGate:
                                 load.max_num_seqs), now):
                 return True
         return False
-
-    def _idle(self, replica_id: ReplicaId) -> bool:
-        """Whether the replica has nothing in flight from this host and reports nothing waiting."""
-        load = self.router.loads.loads.get(replica_id)
-        return load is not None and load.total_in_flight == 0 and load.num_waiting == 0
 
     def _tick(self, model: str) -> None:
         """Pump ``model`` every ``recheck_interval_s`` while its queue is not empty."""
@@ -290,3 +286,7 @@ class AdmissionGate:
 
         self._tickers[model] = asyncio.get_running_loop().create_task(tick())
 
+
+def _idle(replica: Replica | None) -> bool:
+    """Whether the replica (None: removed) has nothing in flight from this host and reports nothing waiting."""
+    return replica is not None and replica.load.total_in_flight == 0 and replica.load.num_waiting == 0

@@ -20,8 +20,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.router.admission.tenants import Tenant, Tenants
     from kvmesh.router.http.messages import HttpRequest
-    from kvmesh.router.replicas.replica import ReplicaId
-    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.replicas.replica import Replica
 
 PRIORITY_HEADER = b"x-kvmesh-priority"
 """A gateway's priority for the request (an integer, lower first; overrides the body's ``priority``; clamped as it)."""
@@ -44,11 +43,10 @@ def identify(http: HttpRequest, req: CompletionRequest | ChatCompletionRequest, 
     return tenant, tenant.grant(asked)
 
 
-def schedules_by_priority(router: KVRouter, replica_id: ReplicaId) -> bool:
+def schedules_by_priority(replica: Replica) -> bool:
     """Whether the replica said it schedules by priority (``/load``'s ``scheduling_policy``): only then does a leg
     to it carry a priority (a vLLM replica under fcfs refuses a non-zero one; one that says nothing gets none)."""
-    load = router.loads.loads.get(replica_id)
-    return load is not None and load.scheduling_policy == "priority"
+    return replica.load.scheduling_policy == "priority"
 
 
 def int_header(http: HttpRequest, name: bytes, what: str, positive: bool = False,

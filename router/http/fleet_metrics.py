@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from kvmesh.router.replicas.replica import Replica
 
 logger = logging.getLogger(__name__)
 
@@ -57,41 +61,40 @@ class FleetMetrics:
     collector)."""
 
     def __init__(self) -> None:
-        self._families: dict[str, list[Metric]] = {}
-        self._up: dict[str, bool] = {}
+        self._scraped: list[tuple[Replica, list[Metric] | None]] = []
+        """Each replica of the last refresh and its families (None: not read)."""
 
-    async def refresh(self, replicas: dict[str, str], fetch: Fetch) -> None:
-        """Read each replica's /metrics (``replicas``: id -> URL); replicas no longer listed are forgotten."""
-        ids = list(replicas)
-        read = await asyncio.gather(*(self._read(rid, replicas[rid], fetch) for rid in ids))
-        self._families = {rid: families for rid, families in zip(ids, read, strict=True) if families is not None}
-        self._up = {rid: families is not None for rid, families in zip(ids, read, strict=True)}
+    async def refresh(self, replicas: Iterable[Replica], fetch: Fetch) -> None:
+        """Read each replica's /metrics (those with a URL); replicas no longer listed are forgotten."""
+        listed = [r for r in replicas if r.spec is not None]
+        read = await asyncio.gather(*(self._read(replica, fetch) for replica in listed))
+        self._scraped = list(zip(listed, read, strict=True))
 
     @staticmethod
-    async def _read(replica_id: str, url: str, fetch: Fetch) -> list[Metric] | None:
+    async def _read(replica: Replica, fetch: Fetch) -> list[Metric] | None:
         try:
-            status, body = await fetch(url)
+            status, body = await fetch(replica.spec.url)
             if status != 200:
                 raise ValueError(f"HTTP {status}")
             if len(body) > MAX_BODY_BYTES:
                 raise ValueError(f"a body of {len(body)} bytes (at most {MAX_BODY_BYTES} are read)")
             return vllm_families(body.decode("utf-8", "replace"))
         except Exception as e:  # noqa: BLE001 -- a replica gone, refusing or answering garbage: not read this time
-            logger.debug("replica %s: /metrics not read: %r", replica_id, e)
+            logger.debug("replica %s: /metrics not read: %r", replica.id, e)
             return None
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}
-        for replica_id, families in self._families.items():
-            for family in families:
+        for replica, families in self._scraped:
+            for family in families or ():
                 into = merged.get(family.name)
                 if into is None:
                     into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                into.samples.extend(s._replace(labels={**s.labels, REPLICA_LABEL: replica_id}) for s in family.samples)
+                into.samples.extend(s._replace(labels={**s.labels, REPLICA_LABEL: replica.id}) for s in family.samples)
         yield from merged.values()
         up = GaugeMetricFamily("kvmesh_router_fleet_scrape_up",
                                "1 when the router read the replica's vllm:* series for this scrape, else 0",
                                labels=[REPLICA_LABEL])
-        for replica_id, ok in self._up.items():
-            up.add_metric([replica_id], 1.0 if ok else 0.0)
+        for replica, families in self._scraped:
+            up.add_metric([replica.id], 1.0 if families is not None else 0.0)
         yield up

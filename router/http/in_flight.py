@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.router_booking import booking_header
-from kvmesh.router.replicas.replica import ReplicaId
 
 if TYPE_CHECKING:
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.load import LoadTracker
     from kvmesh.router.routing.route_decision import RouteDecision
 
@@ -37,7 +37,7 @@ class InFlight:
 
     def __enter__(self) -> InFlight:
         d = self.decision
-        self.booking = self.loads.on_dispatch(d.replica_id, d.uncached_tokens, prompt_tokens=self.prompt_tokens)
+        self.booking = self.loads.on_dispatch(d.replica, d.uncached_tokens, prompt_tokens=self.prompt_tokens)
         return self
 
     def headers(self) -> dict[str, str]:
@@ -50,31 +50,31 @@ class InFlight:
         """The replica answered (its first bytes, or the last attempt's error passed through): its prefill is done,
         and the answer finishes the request when its body ends."""
         d = self.decision
-        self.loads.on_first_output(d.replica_id, d.uncached_tokens)
+        self.loads.on_first_output(d.replica, d.uncached_tokens)
         self.had_output = True
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is not None or not self.had_output:  # else its answer finishes it
             d = self.decision
-            self.loads.on_finish(d.replica_id, d.uncached_tokens, had_output=self.had_output)
+            self.loads.on_finish(d.replica, d.uncached_tokens, had_output=self.had_output)
 
 
-def reserved(loads: LoadTracker, replica_id: ReplicaId) -> Reservation:
-    """Count a request bound for ``replica_id`` before it is sent (a split's prefill call runs meanwhile), so
+def reserved(loads: LoadTracker, replica: Replica) -> Reservation:
+    """Count a request bound for ``replica`` before it is sent (a split's prefill call runs meanwhile), so
     admission sees the slot taken; released however the ``with`` block ends."""
-    return Reservation(loads, replica_id)
+    return Reservation(loads, replica)
 
 
 class Reservation:
     """``reserved``'s context (a class: a ``contextlib.contextmanager`` costs more on every request)."""
 
-    __slots__ = ("loads", "replica_id")
+    __slots__ = ("loads", "replica")
 
-    def __init__(self, loads: LoadTracker, replica_id: ReplicaId) -> None:
-        self.loads, self.replica_id = loads, replica_id
+    def __init__(self, loads: LoadTracker, replica: Replica) -> None:
+        self.loads, self.replica = loads, replica
 
     def __enter__(self) -> None:
-        self.loads.reserve(self.replica_id, True)
+        self.loads.reserve(self.replica, True)
 
     def __exit__(self, *exc: object) -> None:
-        self.loads.reserve(self.replica_id, False)
+        self.loads.reserve(self.replica, False)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.router.http.caller import schedules_by_priority
@@ -34,14 +34,11 @@ from kvmesh.router.routing.model_pools import AdapterLoadError
 from kvmesh.router.routing.receipts import HEADER_PULLED_TOKENS
 
 if TYPE_CHECKING:
-    from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.data_plane import DataPlane
     from kvmesh.router.http.proxy_request import ProxyRequest
-    from kvmesh.router.http.upstream import UpstreamPool, UpstreamResponse
-    from kvmesh.router.replicas.patience import Patience
-    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
-    from kvmesh.router.routing.model_pools import ModelPool
-    from kvmesh.router.routing.outlier import OutlierDetector
+    from kvmesh.router.http.upstream import UpstreamResponse
+    from kvmesh.router.replicas.replica import Replica
+    from kvmesh.router.routing.kv_router import RouteDecision
 
 logger = logging.getLogger(__name__)
 
@@ -51,42 +48,24 @@ HANDLE_KEYS = ("remote_lease_id", "remote_engine_id", "num_tokens")
 """What of the prefill replica's handle goes on to the decode replica (with ``remote_url``)."""
 
 
-class HandoffRuntime(Protocol):
-    """What a handoff reads of the running router (``RouterRuntime``; a part of proxy.py's ``Replicas``)."""
-
-    config: RouterConfig
-    router: KVRouter
-    metrics: RouterMetrics
-    outliers: OutlierDetector
-
-    @property
-    def pool(self) -> UpstreamPool | None: ...
-
-    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
-                    sick: bool = ...) -> None: ...
-    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = ...) -> None: ...
-    def patience(self, replica_id: str) -> Patience | None: ...
-    def headers(self) -> dict[str, str]: ...
-    async def ensure_adapter(self, replica_id: str, pool: ModelPool | None) -> None: ...
-
-
 class KVHandoff:
     """See the module doc; one per ``Forwarder``."""
 
-    def __init__(self, runtime: HandoffRuntime) -> None:
-        self.runtime = runtime
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
         self._releases: set[asyncio.Task] = set()
 
     async def prepare(self, request: ProxyRequest, decision: RouteDecision) -> None:
         """Set ``request.kv_transfer_params`` for ``decision``'s replica: a split's handle, a peer pull, or none."""
-        svc = self.runtime
+        svc = self.plane
         if not request.route_ids or len(request.prompts) > 1:
             return  # no token ids to prefill by (no tokenizer), or a batch of prompts: served as sent
         prefill_id, skipped = svc.router.choose_prefill(decision)
         if skipped is not None:
             svc.metrics.child(svc.metrics.pd_splits, skipped).inc()
         if prefill_id is not None:  # a split, or (its prefill call failed) the request as sent: never a pull
-            handle = await self._prefill(request, decision, prefill_id)
+            prefill = svc.router.replicas.get(prefill_id)
+            handle = await self._prefill(request, decision, prefill) if prefill is not None else None
             svc.metrics.child(svc.metrics.pd_splits, SPLIT_OK if handle is not None else SPLIT_PREFILL_FAILED).inc()
             if handle is not None:
                 request.kv_transfer_params = handle
@@ -96,26 +75,20 @@ class KVHandoff:
                     len(request.route_ids), svc.router.block_size))
             return
         pull = decision.pull
-        holder = self._spec(pull.holder_id) if pull is not None else None
-        if holder is not None:
-            request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.url}
+        holder = svc.router.replicas.get(pull.holder_id) if pull is not None else None
+        if holder is not None and holder.spec is not None:
+            request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.spec.url}
             decision.receipt.pulled_from = pull.holder_id
             svc.metrics.peer_pulls.inc()
 
-    def _spec(self, replica_id: str) -> ReplicaSpec | None:
-        """Where ``replica_id`` listens (None: not registered)."""
-        replica = self.runtime.router.replicas.get(replica_id)
-        return replica.spec if replica is not None else None
-
-    async def _prefill(self, request: ProxyRequest, decision: RouteDecision, prefill_id: str) -> dict | None:
+    async def _prefill(self, request: ProxyRequest, decision: RouteDecision, prefill: Replica) -> dict | None:
         """The prefill call; the handle for the decode replica, or None (counted against the prefill replica
         when it failed as a replica fails)."""
-        svc = self.runtime
-        spec = self._spec(prefill_id)
+        svc, spec, prefill_id = self.plane, prefill.spec, prefill.id
         if spec is None:
             return None
         try:  # an adapter's prompt is prefilled with the adapter: the prefill replica loads it first
-            await svc.ensure_adapter(prefill_id, request.model_pool)
+            await svc.ensure_adapter(prefill, request.model_pool)
         except AdapterLoadError as e:
             logger.info("prefill replica %s: %s; the decode replica computes the prompt", prefill_id, e)
             return None
@@ -125,14 +98,14 @@ class KVHandoff:
             body["model"] = request.req.model
         if request.salt is not None:
             body["cache_salt"] = request.salt
-        if schedules_by_priority(svc.router, prefill_id):  # the prefill replica schedules it by the granted one too
+        if schedules_by_priority(prefill):  # the prefill replica schedules it by the granted one too
             body["priority"] = request.priority or 0
-        headers = {"content-type": "application/json", **svc.headers()}
+        headers = {"content-type": "application/json", **svc.headers}
         loads, uncached = svc.router.loads, decision.uncached_tokens
-        loads.on_dispatch(prefill_id, uncached)
+        loads.on_dispatch(prefill, uncached)
         try:
             upstream = await svc.pool.post(spec.url, "/v1/completions", msgspec.json.encode(body), headers,
-                                           svc.patience(prefill_id))
+                                           svc.failures.patience(prefill))
             try:
                 raw = await upstream.read()
             except BaseException:
@@ -140,18 +113,18 @@ class KVHandoff:
                 raise
             upstream.release()
         except UPSTREAM_ERRORS as e:
-            why = count_failure(svc, prefill_id, e)
+            why = count_failure(svc.failures, prefill, e)
             logger.info("prefill replica %s failed (%s); the decode replica computes the prompt", prefill_id, why)
             return None
         finally:
-            loads.on_finish(prefill_id, uncached, had_output=False)
-        return self._handle(prefill_id, spec.url, upstream.status, raw)
+            loads.on_finish(prefill, uncached, had_output=False)
+        return self._handle(prefill, spec.url, upstream.status, raw)
 
-    def _handle(self, prefill_id: str, url: str, status: int, raw: bytes) -> dict | None:
+    def _handle(self, prefill: Replica, url: str, status: int, raw: bytes) -> dict | None:
         """The decode replica's ``kv_transfer_params`` from the prefill replica's answer, or None."""
-        svc = self.runtime
+        failures, prefill_id = self.plane.failures, prefill.id
         if status >= 500:
-            svc.record_failure(prefill_id, f"answered HTTP {status}", "http_5xx")
+            failures.record_failure(prefill, f"answered HTTP {status}", "http_5xx")
             return None
         if status != 200:
             logger.warning("prefill replica %s answered HTTP %d: %s", prefill_id, status, raw[:200])
@@ -159,9 +132,9 @@ class KVHandoff:
         try:
             answer = msgspec.json.decode(raw)
         except msgspec.DecodeError as e:
-            count_failure(svc, prefill_id, InvalidAnswer(f"answered 200 with a body that is not JSON ({e})"))
+            count_failure(failures, prefill, InvalidAnswer(f"answered 200 with a body that is not JSON ({e})"))
             return None
-        svc.outliers.on_success(prefill_id)
+        failures.outliers.on_success(prefill)
         handle = answer.get(TRANSFER_FIELD) if isinstance(answer, dict) else None
         if not isinstance(handle, dict):
             logger.warning("prefill replica %s answered without %s (is KV transfer on there?)", prefill_id,
@@ -182,8 +155,8 @@ class KVHandoff:
 
     async def _release(self, url: str, lease_id: str) -> None:
         """``POST /kv/release`` (best effort: an unknown lease, already released by its puller, is a 404)."""
-        svc = self.runtime
-        headers = {"content-type": "application/json", **svc.headers()}
+        svc = self.plane
+        headers = {"content-type": "application/json", **svc.headers}
         try:
             await svc.pool.fetch("POST", url, "/kv/release", svc.config.upstream.connect_timeout_s,
                                  msgspec.json.encode({"lease_id": lease_id}), headers)
@@ -201,5 +174,5 @@ class KVHandoff:
             return
         decision.receipt.kv_pulled_tokens = pulled
         if pulled:
-            self.runtime.metrics.kv_pulled_tokens.inc(pulled)
+            self.plane.metrics.kv_pulled_tokens.inc(pulled)
 

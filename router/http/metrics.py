@@ -94,8 +94,8 @@ class RouterMetrics:
         for stage, ns in timings_ns.items():
             self.child(self.stage_seconds, stage).observe(ns * 1e-9)
 
-    def observe_batch(self, replica_id: str, batch_ts: float) -> float:
-        """A batch of ``replica_id`` applied: its lag observed and returned (seconds since it was published)."""
+    def observe_batch(self, batch_ts: float) -> float:
+        """A replica's batch applied: its lag observed and returned (seconds since it was published)."""
         lag = max(0.0, time.time() - batch_ts)
         self.event_lag.observe(lag)
         return lag

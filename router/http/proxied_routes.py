@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def proxied_routes(forwarder: Forwarder, auth: AuthMiddleware, model_name: str) -> dict[tuple[bytes, str], Handler]:
     """The door's routes of the proxied paths (router/http/door.py), with the app's auth rule
     (``AuthMiddleware.refusal``): (method, path) -> handler."""
-    metrics = forwarder.runtime.metrics
+    metrics = forwarder.plane.metrics
 
     def route(path: str, chat: bool) -> Handler:
         async def handle(request: HttpRequest) -> Response:

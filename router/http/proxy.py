@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
@@ -31,66 +31,37 @@ from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
-from kvmesh.router.http.request_reader import Frontends, RequestReader
+from kvmesh.router.http.request_reader import RequestReader
 from kvmesh.router.http.route_accounting import count_decision, report_cached
-from kvmesh.router.http.token_forwarding import TEXT, UpstreamKind
-from kvmesh.router.http.upstream import UpstreamPool
-from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+from kvmesh.router.http.token_forwarding import TEXT
+from kvmesh.router.routing.kv_router import RouteDecision
 from kvmesh.router.routing.policies import NoReplicaError
 
 if TYPE_CHECKING:
-    from kvmesh.replica.serving.tokenizer import Tokenizer
-    from kvmesh.router.http.admission_gate import AdmissionGate
-    from kvmesh.router.http.metrics import RouterMetrics
-    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
-    from kvmesh.router.replicas.patience import Patience
+    from kvmesh.router.http.data_plane import DataPlane
     from kvmesh.router.replicas.replica import Replica
-    from kvmesh.router.routing.model_pools import ModelPool
-    from kvmesh.router.routing.outlier import OutlierDetector
 
 logger = logging.getLogger(__name__)
-
-
-class Replicas(Frontends, Protocol):
-    """What the proxy needs of the running router (``RouterRuntime``, router/control/runtime.py): what reading a
-    request needs, and the replicas to send it to."""
-
-    router: KVRouter
-    tokenizer: Tokenizer | None
-    metrics: RouterMetrics
-    receipt_metrics: ReceiptMetrics
-
-    @property
-    def pool(self) -> UpstreamPool | None: ...
-
-    outliers: OutlierDetector
-    admission: AdmissionGate | None
-
-    async def ensure_adapter(self, replica_id: str, pool: ModelPool | None) -> None: ...
-    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
-                    sick: bool = ...) -> None: ...
-    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = ...) -> None: ...
-    def patience(self, replica_id: str) -> Patience | None: ...
-    def headers(self) -> dict[str, str]: ...
 
 
 class Forwarder:
     """The /v1/completions and /v1/chat/completions handlers of the router."""
 
-    def __init__(self, runtime: Replicas) -> None:
-        self.runtime = runtime
-        self.reader = RequestReader(runtime)
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        """What the proxy works with (data_plane.py)."""
+        self.reader = RequestReader(plane)
         """Reads a client's request: validated, tokenized, its tenant and priority (request_reader.py)."""
-        self.relay = StreamRelay(runtime, self.dispatch, self.report_cached)
+        self.relay = StreamRelay(plane, self.dispatch, self.report_cached)
         """Relays streams and migrates them when their replica fails mid-way (relay.py)."""
-        self.handoff = KVHandoff(runtime)
+        self.handoff = KVHandoff(plane)
         """The P/D split's prefill call and peer pulls: what the decode replica gets in kv_transfer_params."""
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: HttpRequest, path: str, chat: bool) -> Response:
         """Answer one request (an ``HttpRequest``): read, admit (admission_gate.py), forward. A client that leaves
         cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
-        request, gate = await self.reader.read(http, path, chat), self.runtime.admission
+        request, gate = await self.reader.read(http, path, chat), self.plane.admission
         if gate is None:
             return await self.forward(request)
         admitted = await gate.admit(http, request)
@@ -111,12 +82,12 @@ class Forwarder:
                 response = await self._answer(request, opened)
                 break
             except (InvalidAnswer, BrokenAnswer) as e:  # nothing reached the client: another replica, if one is left
-                rid = opened.decision.replica_id
+                rid = opened.replica.id
                 self.handoff.abandon(request)
                 tried.append(rid)
                 failure = e.error if isinstance(e, BrokenAnswer) else e
-                request.failed_over.append(f"{rid}: {count_failure(self.runtime, rid, failure)}")
-                if len(tried) >= self.runtime.config.upstream.max_attempts:  # the detail is logged, never answered
+                request.failed_over.append(f"{rid}: {count_failure(self.plane.failures, opened.replica, failure)}")
+                if len(tried) >= self.plane.config.upstream.max_attempts:  # the detail is logged, never answered
                     logger.warning("replica %s: %s; giving up after %d attempts", rid, e, len(tried))
                     raise ProtocolError(f"replica {rid} sent a broken or invalid answer; no replica answered after "
                                         f"{len(tried)} attempts", 502) from None
@@ -128,43 +99,42 @@ class Forwarder:
         """Open ``request`` on the best replica not ``tried`` (first on ``first``, admission's route), moving on when
         one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form;
         its load counts the attempt while it runs (in_flight.py)."""
-        svc, attempts = self.runtime, self.runtime.config.upstream.max_attempts
-        headers = {"content-type": "application/json", **svc.headers(), **request.headers()}
-        held: list[tuple[str, int]] = []  # 5xx answers, counted once the attempts are over (failures.py)
+        svc, attempts = self.plane, self.plane.config.upstream.max_attempts
+        failures = svc.failures
+        headers = {"content-type": "application/json", **svc.headers, **request.headers()}
+        held: list[tuple[Replica, int]] = []  # 5xx answers, counted once the attempts are over (failures.py)
         try:
             for attempt in range(attempts):
                 decision, routed_at = self._route(request, tried, first if attempt == 0 else None, attempt)
-                rid = decision.replica_id
-                replica = await self._replica(request, rid, tried)
+                replica = await self._replica(request, decision.replica, tried)
                 if replica is None:
                     continue
                 if attempt == 0 and not tried and request.req is not None:  # a retry or continuation goes as sent
-                    with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
+                    with reserved(svc.router.loads, replica):  # its slot is taken while a split's prefill call runs
                         await self.handoff.prepare(request, decision)
                 with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
-                    opened = await self._open(replica.spec.url, request, replica.accepts or TEXT,
-                                              {**headers, **flight.headers()}, decision, svc.patience(rid))
+                    opened = await self._open(replica, request, {**headers, **flight.headers()}, decision)
                     if isinstance(opened, Exception):  # a failed connection or deadline: the 5xx before it count
-                        settle_5xx(svc, held, answered_elsewhere=True)
+                        settle_5xx(failures, held, answered_elsewhere=True)
                     elif opened.upstream.status >= 500:
-                        held.append((rid, opened.upstream.status))
+                        held.append((replica, opened.upstream.status))
                         if attempt + 1 == attempts:  # pass the last error through
                             flight.answered()
                             return opened
                     else:
-                        settle_5xx(svc, held, answered_elsewhere=True)
+                        settle_5xx(failures, held, answered_elsewhere=True)
                         self._opened(request, opened, flight, routed_at, tried)
                         return opened
-                self._fail_over(request, opened, rid, tried)
+                self._fail_over(request, opened, replica, tried)
         finally:
-            settle_5xx(svc, held, answered_elsewhere=False)
+            settle_5xx(failures, held, answered_elsewhere=False)
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
 
     def _route(self, request: ProxyRequest, tried: list[str], first: RouteDecision | None,
                attempt: int) -> tuple[RouteDecision, float]:
         """The attempt's route (``first`` when given) and the clock its TTFT counts from; 503 for no replica left."""
-        svc = self.runtime
+        svc = self.plane
         routed_at = time.perf_counter()
         try:
             decision = first if first is not None else request.route(svc.router, tried)
@@ -176,16 +146,15 @@ class Forwarder:
             svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
         return decision, routed_at
 
-    async def _replica(self, request: ProxyRequest, rid: str, tried: list[str]) -> Replica | None:
-        """``rid``'s record (where to send ``request``, what it accepts); None (``rid`` tried) when it was removed
-        meanwhile or did not load the request's adapter (adapter_ready.py)."""
-        svc = self.runtime
-        replica = svc.router.replicas.get(rid)
-        if replica is None or replica.spec is None:  # removed meanwhile
-            tried.append(rid)
+    async def _replica(self, request: ProxyRequest, replica: Replica, tried: list[str]) -> Replica | None:
+        """The chosen ``replica`` (where to send ``request``, what it accepts); None (its id tried) when it was
+        removed meanwhile or did not load the request's adapter (adapter_ready.py)."""
+        svc = self.plane
+        if replica.removed or replica.spec is None:  # removed meanwhile
+            tried.append(replica.id)
             return None
         pool = request.model_pool
-        if pool is not None and pool.lora_name is not None and not await adapter_ready(svc, rid, request, tried):
+        if pool is not None and pool.lora_name is not None and not await adapter_ready(svc, replica, request, tried):
             return None
         return replica
 
@@ -193,9 +162,8 @@ class Forwarder:
                 tried: list[str]) -> None:
         """The replica sent its first bytes: a success for its health, a split's lease settled, its prefill done,
         a stream's TTFT learnt against the prediction, the route counted."""
-        svc, decision = self.runtime, opened.decision
-        rid = decision.replica_id
-        svc.outliers.on_success(rid)
+        svc, decision = self.plane, opened.decision
+        svc.failures.outliers.on_success(opened.replica)
         self.handoff.opened(decision, opened.upstream)
         flight.answered()
         if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
@@ -206,13 +174,14 @@ class Forwarder:
             decision.receipt.failed_over = tuple(request.failed_over)
         count_decision(svc, decision, len(request.route_ids))
 
-    def _fail_over(self, request: ProxyRequest, opened: Opened | Exception, rid: str, tried: list[str]) -> None:
-        """``rid`` failed before its first byte (an error, or a 5xx not passed through): its split's lease released,
-        the failure counted against it, the request moves on to the next replica."""
-        svc = self.runtime
+    def _fail_over(self, request: ProxyRequest, opened: Opened | Exception, replica: Replica,
+                   tried: list[str]) -> None:
+        """``replica`` failed before its first byte (an error, or a 5xx not passed through): its split's lease
+        released, the failure counted against it, the request moves on to the next replica."""
+        svc, rid = self.plane, replica.id
         self.handoff.abandon(request)
         if isinstance(opened, Exception):
-            why = count_failure(svc, rid, opened)
+            why = count_failure(svc.failures, replica, opened)
         else:
             why = f"HTTP {opened.upstream.status}"
             opened.upstream.close()
@@ -220,13 +189,15 @@ class Forwarder:
         request.failed_over.append(f"{rid}: {why}")
         tried.append(rid)
 
-    async def _open(self, url: str, request: ProxyRequest, kind: UpstreamKind, headers: dict[str, str],
-                    decision: RouteDecision, patience: Patience | None) -> Opened | Exception:
-        """Send the request and wait for the first body bytes (or the error that came instead)."""
+    async def _open(self, replica: Replica, request: ProxyRequest, headers: dict[str, str],
+                    decision: RouteDecision) -> Opened | Exception:
+        """Send the request to ``replica`` in the form it takes and wait for the first body bytes (or the error
+        that came instead)."""
+        svc = self.plane
         try:
-            by_priority = schedules_by_priority(self.runtime.router, decision.replica_id)
-            body = await request.encoded_for(kind, by_priority, self.runtime.renderer.run)
-            upstream = await self.runtime.pool.post(url, request.path, body, headers, patience)
+            body = await request.encoded_for(replica.accepts or TEXT, schedules_by_priority(replica), svc.renderer.run)
+            upstream = await svc.pool.post(replica.spec.url, request.path, body, headers,
+                                           svc.failures.patience(replica))
         except UPSTREAM_ERRORS as e:
             return e
         try:
@@ -239,17 +210,17 @@ class Forwarder:
         except BaseException:  # cancelled: close the connection so the replica aborts the request
             upstream.close()
             raise
-        return Opened(upstream, first, upstream, decision)
+        return Opened(upstream, first, upstream, decision, replica)
 
     def report_cached(self, decision: RouteDecision, chunk: bytes) -> None:
         """Count the cached tokens a replica reported in ``chunk`` against the route (route_accounting.py)."""
-        report_cached(self.runtime, decision, chunk)
+        report_cached(self.plane, decision, chunk)
 
     async def _answer(self, request: ProxyRequest, opened: Opened) -> Response:
         """The client's answer: a stream relayed (and migrated if need be), or the whole body."""
-        upstream, decision = opened.upstream, opened.decision
-        rid, loads = decision.replica_id, self.runtime.router.loads
-        request.compile_tokens += compile_tokens(upstream.headers, rid, loads.loads)
+        upstream, decision, replica = opened.upstream, opened.decision, opened.replica
+        router = self.plane.router
+        request.compile_tokens += compile_tokens(upstream.headers, replica, router.replicas)
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
         if request.stream is not None and status == 200:
@@ -262,14 +233,14 @@ class Forwarder:
             raise BrokenAnswer(e) from None
         finally:
             let_go(upstream, complete)
-            loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+            router.loads.on_finish(replica, decision.uncached_tokens, had_output=True)
         content = opened.first + b"".join(rest)
         if status == 200:
             try:
                 msgspec.json.decode(content, type=msgspec.Raw)  # checks the syntax, builds nothing
             except msgspec.DecodeError as e:
                 raise InvalidAnswer(f"answered 200 with a body that is not JSON ({e}): {content[:80]!r}") from None
-        m = self.runtime.metrics
+        m = self.plane.metrics
         m.child(m.requests, f"{status // 100}xx").inc()
         self.report_cached(decision, content)
         return Response(content, status, media)

@@ -14,18 +14,18 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvmesh.replica.serving.errors import ProtocolError, error_body, log_failure
-from kvmesh.router.http.failures import FailedReplicas, InvalidAnswer, count_failure
+from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
-from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+from kvmesh.router.replicas.replica import Replica
+from kvmesh.router.routing.kv_router import RouteDecision
 
 if TYPE_CHECKING:
-    from kvmesh.router.http.metrics import RouterMetrics
-    from kvmesh.router.routing.outlier import OutlierDetector
+    from kvmesh.router.http.data_plane import DataPlane
 
 logger = logging.getLogger(__name__)
 UPSTREAM_ERRORS = (UpstreamError, OSError, asyncio.TimeoutError)
@@ -33,33 +33,26 @@ UPSTREAM_ERRORS = (UpstreamError, OSError, asyncio.TimeoutError)
 
 
 class Opened(NamedTuple):
-    """A request opened on a replica: its response, the first body bytes, the rest, the route taken."""
+    """A request opened on a replica: its response, the first body bytes, the rest, the route taken, the replica."""
 
     upstream: UpstreamResponse
     first: bytes
     rest: AsyncIterator[bytes]
     decision: RouteDecision
+    replica: Replica
 
 
 Dispatch = Callable[[ProxyRequest, list[str]], Awaitable[Opened]]
 """Opens a request on the best replica not tried (``Forwarder.dispatch``, router/http/proxy.py)."""
 
 
-class RelayRuntime(FailedReplicas, Protocol):
-    """What the relay reads of the running router (``RouterRuntime``; a part of proxy.py's ``Replicas``)."""
-
-    router: KVRouter
-    metrics: RouterMetrics
-    outliers: OutlierDetector
-
-
 class StreamRelay:
     """The streaming half of the proxy (router/http/proxy.py): relays one client's SSE stream and
     continues it on another replica when its replica fails mid-way."""
 
-    def __init__(self, runtime: RelayRuntime, dispatch: Dispatch,
+    def __init__(self, plane: DataPlane, dispatch: Dispatch,
                  report_cached: Callable[[RouteDecision, bytes], None]) -> None:
-        self.runtime = runtime
+        self.plane = plane
         self.dispatch = dispatch
         """Opens a continuation on another replica."""
         self.report_cached = report_cached
@@ -67,20 +60,20 @@ class StreamRelay:
 
     async def relay(self, opened: Opened, stream: MigratingStream) -> AsyncIterator[bytes]:
         """The client's stream: the first replica's events, then, if it fails mid-way, continuations."""
-        upstream, first, body, decision = opened
+        upstream, first, body, decision, replica = opened
         outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
         try:
             while True:
-                rid = decision.replica_id
+                rid = replica.id
                 error: BaseException | None = None
                 try:
-                    async for out in self._events(upstream, first, body, stream, decision):
+                    async for out in self._events(upstream, first, body, stream, decision, replica):
                         yield out
                 except UPSTREAM_ERRORS as e:
                     stream.broken, error = f"failed mid-stream: {e}", e
                 finally:
                     let_go(upstream, stream.done)
-                    self.runtime.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+                    self.plane.router.loads.on_finish(replica, decision.uncached_tokens, had_output=True)
                 if not stream.done and stream.finish_reason is not None:  # only [DONE] was missing
                     for out in stream.finish(stream.finish_reason, text_sent=True):
                         yield out
@@ -90,7 +83,7 @@ class StreamRelay:
                 why = f"replica {rid} {stream.broken or 'ended the stream without [DONE]'}"
                 if error is None and stream.invalid:
                     error = InvalidAnswer(stream.broken or "sent an event that is not SSE JSON", "invalid_sse")
-                continued = await self._migrate(stream, rid, why, error)
+                continued = await self._migrate(stream, replica, why, error)
                 if continued is None:
                     outcome = "5xx"
                     yield _error_event(f"{why}; the output is incomplete")
@@ -100,7 +93,7 @@ class StreamRelay:
                         yield out
                     outcome = "2xx"
                     return
-                upstream, first, body, decision = continued
+                upstream, first, body, decision, replica = continued
                 for out in stream.begin_continuation():
                     yield out
         except Exception as e:  # noqa: BLE001 - a bug here ends this stream cleanly, nothing else
@@ -109,16 +102,16 @@ class StreamRelay:
             yield _error_event(f"the router failed while relaying the stream (request id {request_id}); the output "
                                "is incomplete")
         finally:
-            m = self.runtime.metrics
+            m = self.plane.metrics
             m.child(m.requests, outcome).inc()
 
     async def _events(self, upstream: UpstreamResponse, first: bytes, body: AsyncIterator[bytes],
-                      stream: MigratingStream, decision: RouteDecision) -> AsyncIterator[bytes]:
+                      stream: MigratingStream, decision: RouteDecision, replica: Replica) -> AsyncIterator[bytes]:
         """The client's events for one upstream, until it ends, breaks, or the stream is done."""
         split, chunk = SseSplitter(), first
-        outliers, rid = self.runtime.outliers, decision.replica_id
+        outliers = self.plane.failures.outliers
         while True:
-            outliers.on_progress(rid)
+            outliers.on_progress(replica)
             if stream.migrations == 0:
                 self.report_cached(decision, chunk)
             for event in split.feed(chunk):
@@ -136,16 +129,16 @@ class StreamRelay:
             except StopAsyncIteration:
                 return
 
-    async def _migrate(self, stream: MigratingStream, rid: str, why: str,
+    async def _migrate(self, stream: MigratingStream, replica: Replica, why: str,
                        error: BaseException | None) -> Opened | tuple[()] | None:
         """Continue ``stream`` on another replica: the opened continuation, () when no token is left to
         generate, None when it cannot migrate (limit reached, no token ids, no replica answered). The
         replica's failure (``error``, else ``why``) is counted against it (router/http/failures.py)."""
-        svc = self.runtime
+        svc, rid = self.plane, replica.id
         if error is not None:
-            count_failure(svc, rid, error)
+            count_failure(svc.failures, replica, error)
         else:
-            svc.mark_failed(rid, False, why, "mid_stream")
+            svc.failures.mark_failed(replica, False, why, "mid_stream")
         if not stream.can_migrate():
             return None
         body = stream.continuation()
@@ -160,7 +153,7 @@ class StreamRelay:
             return None
         if opened.upstream.status != 200:
             opened.upstream.close()
-            svc.router.loads.on_finish(opened.decision.replica_id, opened.decision.uncached_tokens, had_output=True)
+            svc.router.loads.on_finish(opened.replica, opened.decision.uncached_tokens, had_output=True)
             return None
         svc.metrics.child(svc.metrics.migrations, str(rid)).inc()
         return opened

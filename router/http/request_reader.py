@@ -4,7 +4,7 @@ its ``"model"``'s pool, its tenant and priority (caller.py), a stream's migratio
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.body import decode_off_loop
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
@@ -18,11 +18,8 @@ from kvmesh.router.http.router_only import refuse_router_only, refuse_router_onl
 from kvmesh.router.routing.receipts import HEADER_OPT_IN
 
 if TYPE_CHECKING:
-    from kvmesh.replica.openai.renderer import PromptRenderer
     from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.serving.tokenizer import Tokenizer
-    from kvmesh.router.admission.tenants import Tenants
-    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.http.data_plane import DataPlane
     from kvmesh.router.routing.model_pools import ModelPool
 
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
@@ -32,22 +29,11 @@ SESSION_HEADER = b"x-session-id"
 HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
 
 
-class Frontends(Protocol):
-    """What reading a request needs of the running router (``RouterRuntime``, router/control/runtime.py)."""
-
-    config: RouterConfig
-    renderer: PromptRenderer
-    tenants: Tenants
-
-    def pool_for(self, model: str | None) -> ModelPool | None: ...
-    def frontend_for(self, pool: ModelPool | None) -> tuple[Tokenizer | None, PromptRenderer]: ...
-
-
 class RequestReader:
     """Turns a client's request into a ``ProxyRequest`` (and, for benchmarks and tests, a body into token ids)."""
 
-    def __init__(self, runtime: Frontends) -> None:
-        self.runtime = runtime
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
 
     async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
         """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
@@ -66,7 +52,7 @@ class RequestReader:
         """The body's JSON object (decoded once) and that object validated, the token ids of its prompts (by its
         model's tokenizer), the first prompt's sampling parameters, each prompt checked against the context as the
         replica checks it, and the pool its ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
-        svc = self.runtime
+        svc = self.plane
         model_cls: type[OpenAIRequest] = ChatCompletionRequest if chat else CompletionRequest
         body, req = await decode_off_loop(raw, model_cls, svc.renderer.run)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
@@ -84,7 +70,7 @@ class RequestReader:
 
     async def read(self, http: HttpRequest, path: str, chat: bool) -> ProxyRequest:
         """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
-        svc = self.runtime
+        svc = self.plane
         refuse_router_only_headers(http)
         raw = await http.body()
         t0 = time.perf_counter_ns()

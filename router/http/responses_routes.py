@@ -72,8 +72,8 @@ class ResponsesRoutes:
 
     async def create(self, http: HttpRequest) -> Response:
         tenant = self._check(http)
-        start, metrics = time.perf_counter(), self.forwarder.runtime.metrics
-        req = await parse_off_loop(await http.body(), ResponsesRequest, self.forwarder.runtime.renderer.run)
+        start, metrics = time.perf_counter(), self.forwarder.plane.metrics
+        req = await parse_off_loop(await http.body(), ResponsesRequest, self.forwarder.plane.renderer.run)
 
         async def chat(body: JSONObject) -> Answer:
             answer = await self.forwarder.handle(chat_request(http, msgspec.json.encode(body)), CHAT_PATH, chat=True)

@@ -11,13 +11,11 @@ import json
 import logging
 import re
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvmesh.router.config import RouterConfig
-    from kvmesh.router.http.metrics import RouterMetrics
-    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
-    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+    from kvmesh.router.http.data_plane import DataPlane
+    from kvmesh.router.routing.kv_router import RouteDecision
 
 access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
@@ -26,25 +24,16 @@ _HOST_CACHED = re.compile(rb'"host_cached_tokens"\s*:\s*(\d+)')  # kvmesh replic
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
-class Counted(Protocol):
-    """What the accounting reads of the running router (``RouterRuntime``; a part of proxy.py's ``Replicas``)."""
-
-    config: RouterConfig
-    router: KVRouter
-    metrics: RouterMetrics
-    receipt_metrics: ReceiptMetrics
-
-
-def count_decision(runtime: Counted, decision: RouteDecision, prompt_tokens: int) -> None:
+def count_decision(plane: DataPlane, decision: RouteDecision, prompt_tokens: int) -> None:
     """A request was sent to ``decision.replica_id``: its decision, predicted hit and prompt counted."""
-    m, rid = runtime.metrics, str(decision.replica_id)
-    m.child(m.decisions, rid, runtime.router.policy_name).inc()
+    m, rid = plane.metrics, str(decision.replica_id)
+    m.child(m.decisions, rid, plane.router.policy_name).inc()
     m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
     m.child(m.prompt_tokens, rid).inc(prompt_tokens)
-    runtime.receipt_metrics.on_route(decision.receipt)
+    plane.receipt_metrics.on_route(decision.receipt)
 
 
-def report_cached(runtime: Counted, decision: RouteDecision, chunk: bytes) -> None:
+def report_cached(plane: DataPlane, decision: RouteDecision, chunk: bytes) -> None:
     """Count the cached tokens a replica reported in ``chunk`` (its usage), against the route's receipt."""
     if b"cached_tokens" not in chunk:
         return
@@ -52,11 +41,11 @@ def report_cached(runtime: Counted, decision: RouteDecision, chunk: bytes) -> No
     if not found:
         return
     cached = int(found[-1])
-    runtime.metrics.child(runtime.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
+    plane.metrics.child(plane.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
     host = _HOST_CACHED.findall(chunk) if b"host_cached_tokens" in chunk else None
-    receipts = runtime.router.receipts
+    receipts = plane.router.receipts
     receipt = receipts.record_actual(decision.receipt, cached, int(host[-1]) if host else None)
-    runtime.receipt_metrics.on_actual(receipt)
+    plane.receipt_metrics.on_actual(receipt)
     output = _COMPLETION.findall(chunk)
     observe = partial(receipts.ceiling.observe, decision.keys, receipt.num_prompt_tokens,
                       int(output[-1]) if output else 0, cached, receipt.predicted_hit_tokens, receipt.best_hit_tokens)
@@ -64,5 +53,5 @@ def report_cached(runtime: Counted, decision: RouteDecision, chunk: bytes) -> No
         asyncio.get_running_loop().call_soon(observe)
     except RuntimeError:  # no loop: a caller outside the server
         observe()
-    if runtime.config.access_log:
+    if plane.config.access_log:
         access_log.info("%s", json.dumps(receipt.log_fields()))

@@ -5,6 +5,7 @@ admission) keep their logic and read or write these fields, not maps keyed by it
 dropping its record (router/replicas/replica_set.py):
 
     spec, role, state       where it listens, what it does (prefill, decode, both), joining / ready / draining
+    removed                 dropped from the set while a request still held it
     healthy                 in rotation now (answers /health, not ejected, not draining)
     degraded                why its cache information is not trusted, per cause (routed by load only)
     load                    its load: the router's counters and its last /load (``ReplicaLoad``)
@@ -108,6 +109,8 @@ class Replica:
     """What it takes instead of text, from ``/server_info``; None: not said yet (text)."""
     reuse: ReuseTotals = field(default_factory=ReuseTotals)
     stream: StreamState = field(default_factory=StreamState)
+    removed: bool = False
+    """Dropped from the set (``ReplicaSet.remove``): a request that still holds the record counts nothing on it."""
     learned_slots: LearnedSlots | None = None
     """What admission learned of its slots (router/admission/room.py, named for its type only; the admission gate
     sets it); None: nothing yet."""

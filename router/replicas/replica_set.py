@@ -58,6 +58,7 @@ class ReplicaSet:
                 self._changed_members()
                 return known
             self._by_id[replica.id] = replica
+            replica.removed = False
             self._changed_members()
             for listener in self._locked[0]:
                 listener(replica)
@@ -71,6 +72,7 @@ class ReplicaSet:
             replica = self._by_id.pop(replica_id, None)
             if replica is None:
                 return None
+            replica.removed = True
             self._changed_members()
             for listener in self._locked[1]:
                 listener(replica)

@@ -18,15 +18,18 @@ until the real ``BlockStored`` events arrive. A burst of requests sharing a new 
 to one replica instead of scattering. Invariant: a predicted bit is never also a real one.
 
 *Tiers*: events with vLLM's ``medium="CPU"`` describe a replica's host-memory tier (kvmesh's
-``--kv-offload-memory``, vLLM's OffloadingConnector); they go to a second index, ``host``, made on the
-first such event, so a cluster without tiers keeps exactly one index. Every other medium ("GPU",
-None) is the engine's own cache. ``AllBlocksCleared`` clears both.
+``--kv-offload-memory``, vLLM's OffloadingConnector). The tier is a field of the replica's entry
+(``ReplicaBlocks.host``, made on its first such event) with a slot of its own in the same masks, as
+llm-d keeps a (pod, tier) per block: one walk of the masks answers both tiers, and a cluster without
+tiers has no host slot at all. Every other medium ("GPU", None) is the engine's own cache.
+``AllBlocksCleared`` clears both.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import repeat
 from operator import and_, or_
 
@@ -38,6 +41,14 @@ from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orpha
 from kvmesh.router.routing.predictions import Predictions
 from kvmesh.router.routing.prefix_match import match_masks
 from kvmesh.router.routing.tier_matches import TierMatches
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HostTier:
+    """The owner of a host tier's slot (``PrefixIndex._slot_owner``): a match credits it, not the replica's id, so
+    ``match_tiers`` tells the tiers apart."""
+
+    replica_id: ReplicaId
 
 
 class PrefixIndex:
@@ -53,28 +64,41 @@ class PrefixIndex:
         self.predictions = Predictions(self._blocks, predict_ttl_s)
         """Blocks credited to the replica a request was routed to, until events confirm them."""
         self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
-        self._slot_owner: list[ReplicaId | None] = []
+        self._slot_owner: list[ReplicaId | HostTier | None] = []
         self._free_slots: list[int] = []
+        self.host_tiers = 0
+        """Replicas whose host tier holds a slot (0: every slot is a GPU pool's, matches need no sorting)."""
         self.stats = IndexStats()
         """Counters: events applied, blocks stored/removed, orphans, mismatched block sizes."""
-        self.host: PrefixIndex | None = None
-        """The replicas' host-memory tiers (events with medium "CPU"), once any replica announced one."""
 
     # ---------------------------------------------------------------- replicas
     def add_replica(self, replica_id: ReplicaId) -> ReplicaBlocks:
         """Register a replica (idempotent); returns its tree."""
         tree = self._replicas.get(replica_id)
         if tree is None:
-            if self._free_slots:
-                slot = self._free_slots.pop()
-                self._slot_owner[slot] = replica_id
-            else:
-                slot = len(self._slot_owner)
-                self._slot_owner.append(replica_id)
-            tree = self._replicas[replica_id] = ReplicaBlocks(replica_id, slot)
-            if self.host is not None:
-                self.host.add_replica(replica_id)
+            tree = self._replicas[replica_id] = ReplicaBlocks(replica_id, self._take_slot(replica_id))
         return tree
+
+    def _take_slot(self, owner: ReplicaId | HostTier) -> int:
+        if self._free_slots:
+            slot = self._free_slots.pop()
+            self._slot_owner[slot] = owner
+        else:
+            slot = len(self._slot_owner)
+            self._slot_owner.append(owner)
+        return slot
+
+    def _free_slot(self, slot: int) -> None:
+        self._slot_owner[slot] = None
+        self._free_slots.append(slot)
+
+    def _host_tree(self, tree: ReplicaBlocks) -> ReplicaBlocks:
+        """The replica's host tier, made with a slot of its own on its first host-tier event."""
+        host = tree.host
+        if host is None:
+            host = tree.host = ReplicaBlocks(tree.replica_id, self._take_slot(HostTier(tree.replica_id)))
+            self.host_tiers += 1
+        return host
 
     def remove_replica(self, replica_id: ReplicaId) -> None:
         """Forget a replica and everything it held; its slot is reused later."""
@@ -82,27 +106,31 @@ class PrefixIndex:
         if tree is None:
             return
         self.clear_replica(replica_id)
-        if self.host is not None:
-            self.host.remove_replica(replica_id)
         del self._replicas[replica_id]
-        self._slot_owner[tree.slot] = None
-        self._free_slots.append(tree.slot)
+        self._free_slot(tree.slot)
+        if tree.host is not None:
+            self._free_slot(tree.host.slot)
+            self.host_tiers -= 1
 
     def clear_replica(self, replica_id: ReplicaId) -> None:
         """Drop a replica's whole tree (AllBlocksCleared, restart); real and predicted blocks."""
         tree = self._replicas.get(replica_id)
         if tree is None:
             return
-        if self.host is not None:
-            self.host.clear_replica(replica_id)
-        bit, mask_off, blocks = tree.bit, ~tree.bit, self._blocks
+        if tree.host is not None:
+            self._clear_tree(tree.host)
+        self.predictions.forget(tree.bit)
+        self._clear_tree(tree)
+
+    def _clear_tree(self, tree: ReplicaBlocks) -> None:
+        """Drop the real blocks of one tier's tree (its predictions are the caller's)."""
+        mask_off, blocks = ~tree.bit, self._blocks
         for key in set(tree.ext_to_key.values()):
             mask = blocks.get(key, 0) & mask_off
             if mask:
                 blocks[key] = mask
             else:
                 blocks.pop(key, None)
-        self.predictions.forget(bit)
         tree.ext_to_key.clear()
         tree.orphans.clear()
         tree.orphan_parent.clear()
@@ -114,7 +142,8 @@ class PrefixIndex:
         return list(self._replicas)
 
     def num_blocks(self, replica_id: ReplicaId | None = None) -> int:
-        """Blocks really held (no predictions): by one replica, or distinct keys over all."""
+        """Blocks really held (no predictions): by one replica in its GPU pool, or distinct keys over all (host
+        tiers' included)."""
         if replica_id is None:
             return len(self._blocks) - len(self.predictions.predicted)
         tree = self._replicas.get(replica_id)
@@ -124,7 +153,7 @@ class PrefixIndex:
 
     @property
     def num_keys(self) -> int:
-        """Distinct router keys in the index (real and predicted)."""
+        """Distinct router keys in the index (real and predicted, host tiers' included)."""
         return len(self._blocks)
 
     def cached_hashes(self, replica_id: ReplicaId) -> set:
@@ -140,30 +169,13 @@ class PrefixIndex:
         stats = self.stats
         for event in events:
             if type(event) is BlockStored:
-                if event.medium == HOST_MEDIUM:
-                    host = self._host_index()
-                    host._store(host.add_replica(replica_id), event)
-                else:
-                    self._store(tree, event)
+                self._store(self._host_tree(tree) if event.medium == HOST_MEDIUM else tree, event)
             elif type(event) is BlockRemoved:
-                if event.medium == HOST_MEDIUM:
-                    host = self._host_index()
-                    host._remove(host.add_replica(replica_id), event.block_hashes)
-                else:
-                    self._remove(tree, event.block_hashes)
+                self._remove(self._host_tree(tree) if event.medium == HOST_MEDIUM else tree, event.block_hashes)
             elif type(event) is AllBlocksCleared:
                 self.clear_replica(replica_id)
                 stats.clears += 1
             stats.events += 1
-
-    def _host_index(self) -> PrefixIndex:
-        """The host tiers' index, made on the first host-tier event."""
-        if self.host is None:
-            self.host = PrefixIndex(hasher=self.hasher, predict_ttl_s=0.0)
-            self.host.stats = self.stats  # one set of counters for both tiers
-            for rid in self._replicas:
-                self.host.add_replica(rid)
-        return self.host
 
     def _store(self, tree: ReplicaBlocks, event: BlockStored) -> None:
         hashes = event.block_hashes
@@ -259,7 +271,28 @@ class PrefixIndex:
 
     # ---------------------------------------------------------------- matching
     def match(self, keys: Sequence[int], now: float | None = None) -> dict[ReplicaId, int]:
-        """Per replica, the number of leading blocks of ``keys`` it holds (replicas with 0 omitted)."""
+        """Per replica, the number of leading blocks of ``keys`` its GPU pool holds (replicas with 0 omitted)."""
+        if not self.host_tiers:
+            return self._match_slots(keys, now)
+        return self.match_tiers(keys, now).device  # type: ignore[return-value]  # match_tiers makes dicts
+
+    def match_tiers(self, keys: Sequence[int], now: float | None = None) -> TierMatches:
+        """``match`` per tier: the GPU pools' (predictions included) and the host tiers' (empty without any), from
+        one walk of the masks."""
+        held = self._match_slots(keys, now)
+        if not self.host_tiers:
+            return TierMatches(held, {})
+        device: dict[ReplicaId, int] = {}
+        host: dict[ReplicaId, int] = {}
+        for owner, blocks in held.items():
+            if type(owner) is HostTier:
+                host[owner.replica_id] = blocks
+            else:
+                device[owner] = blocks
+        return TierMatches(device, host)
+
+    def _match_slots(self, keys: Sequence[int], now: float | None) -> dict:
+        """Per slot's owner (a replica's id, or its ``HostTier``), the leading blocks of ``keys`` it holds."""
         if self.predictions.queue:
             self.predictions.expire(time.monotonic() if now is None else now)
         if self.hasher.native:
@@ -268,11 +301,7 @@ class PrefixIndex:
                 return out
         return self._match_py(keys)
 
-    def match_tiers(self, keys: Sequence[int], now: float | None = None) -> TierMatches:
-        """``match`` per tier: the GPU pools' (predictions included) and the host tiers' (empty without any)."""
-        return TierMatches(self.match(keys, now=now), self.host.match(keys) if self.host is not None else {})
-
-    def _match_py(self, keys: Sequence[int]) -> dict[ReplicaId, int]:
-        """``match`` in Python (no compiled fast path, or more than 64 replica slots)."""
+    def _match_py(self, keys: Sequence[int]) -> dict:
+        """``_match_slots`` in Python (no compiled fast path, or more than 64 slots)."""
         return match_masks(self._blocks, keys, self._slot_owner)
 

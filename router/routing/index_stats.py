@@ -25,6 +25,9 @@ class ReplicaBlocks:
     """External hashes stored more than once (extra copies), so one BlockRemoved leaves the block."""
     key_dups: dict = field(default_factory=dict)
     """Router keys reached by more than one external hash of this replica (extra references)."""
+    host: ReplicaBlocks | None = None
+    """Its host-memory tier (events with medium "CPU"): the same bookkeeping under a bit of its own in the same
+    masks, made on its first host-tier event; None: no tier announced."""
 
     @property
     def bit(self) -> int:

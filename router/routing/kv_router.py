@@ -87,7 +87,7 @@ class KVRouter:
     def _removed(self, replica: Replica) -> None:
         self.index.remove_replica(replica.id)
         self.ghosts.forget(replica.id)
-        self.sessions.forget_replica(replica.id)
+        self.sessions.forget_replica(replica)
 
     @property
     def block_size(self) -> int:
@@ -120,26 +120,26 @@ class KVRouter:
         """Forget a replica: its record goes, and the set's listeners drop what they keep of it."""
         return self.replicas.remove(replica_id)
 
-    def set_healthy(self, replica_id: ReplicaId, healthy: bool, clear_cache: bool = False) -> None:
+    def set_healthy(self, replica: Replica, healthy: bool, clear_cache: bool = False) -> None:
         """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
         with self.lock:
-            replica = self.replicas.get(replica_id)
-            if replica is None:
+            if replica.removed:
                 return
             replica.healthy = healthy
             if healthy and replica.state == JOINING:
                 replica.state = READY
             self.replicas.changed()
             if clear_cache:
-                self.index.clear_replica(replica_id)
-                self.sessions.forget_replica(replica_id)
+                self.index.clear_replica(replica.id)
+                self.sessions.forget_replica(replica)
 
-    def clear_cache(self, replica_id: ReplicaId) -> None:
+    def clear_cache(self, replica: Replica) -> None:
         """Forget which blocks a replica holds (its tree, real and predicted); it keeps its sessions."""
         with self.lock:
-            self.index.clear_replica(replica_id)
+            if not replica.removed:
+                self.index.clear_replica(replica.id)
 
-    def set_degraded(self, replica_id: ReplicaId, reason: str | None,
+    def set_degraded(self, replica: Replica, reason: str | None,
                      cause: DegradedCause = DegradedCause.INCOMPATIBLE) -> None:
         """Mark a replica degraded for ``cause`` (``reason``: why its cache information is not trusted,
         e.g. a block size mismatch, a stalled event stream) or clear that cause (None). The replica is
@@ -148,8 +148,7 @@ class KVRouter:
         if cause not in DEGRADED_CAUSES:
             raise ValueError(f"unknown degraded cause {cause!r}; one of {', '.join(DEGRADED_CAUSES)}")
         with self.lock:
-            replica = self.replicas.get(replica_id)
-            if replica is None:
+            if replica.removed:
                 return
             if reason is None:
                 replica.degraded.pop(cause, None)
@@ -193,16 +192,16 @@ class KVRouter:
             t2 = _ns()
             loads = self._routable_loads(excluded, pool)
             tiers = tiers.without(self._untrusted(tiers))
-            chosen = policy.choose(keys, tiers, loads, num_tokens, lora_name)
-            replica_id, by_session = self._follow_session(session_id, now, chosen, keys, tiers, loads, num_tokens, commit)
+            choice = policy.decide(keys, tiers, loads, num_tokens, lora_name, self._pinned(session_id, now, loads))
+            replica_id, estimate = choice.replica_id, choice.estimate
+            replica = self.replicas.get(replica_id)
             if commit:
-                self.index.predict(replica_id, keys, now=now, start=tiers.device.get(replica_id, 0))
+                self._credit(replica, keys, session_id, now, tiers.device.get(replica_id, 0))
             pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
-            estimate = policy.estimate(replica_id, keys, tiers, loads, num_tokens, lora_name)
         t3 = _ns()
-        why = "fallback" if excluded or self.replicas.get(replica_id).degraded else "session" if by_session else None
-        receipt = route_receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
-        return RouteDecision(replica_id, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
+        why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
+        receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
+        return RouteDecision(replica, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
                              pool=pool, decided_at_ns=t0, estimate=estimate if receipt.predicted_ttft_s is not None else None)
@@ -224,20 +223,13 @@ class KVRouter:
         get = self.replicas.get
         return [r for tier in (tiers.device, tiers.host) for r in tier if (rec := get(r)) is not None and rec.degraded]
 
-    def _follow_session(self, session_id: str | None, now: float | None, chosen: ReplicaId, keys: list[int],
-                        tiers: TierMatches, loads, num_tokens: int, commit: bool) -> tuple[ReplicaId, bool]:
-        """The session's replica instead of the policy's ``chosen`` while the policy keeps it there (soft affinity,
-        router/routing/session.py), and whether it was kept; ``commit`` pins the session to the answer. Under the
-        lock."""
+    def _pinned(self, session_id: str | None, now: float | None, loads) -> ReplicaId | None:
+        """The replica the session is pinned to, when it is a candidate (soft affinity, router/routing/session.py: the
+        policy keeps it while its cost allows). Under the lock."""
         if session_id is None:
-            return chosen, False
+            return None
         pinned = self.sessions.get(session_id, now)
-        kept = (pinned is not None and pinned != chosen and pinned in loads
-                and self.policy.keeps_session(pinned, chosen, keys, tiers.device, loads, num_tokens))
-        replica_id = pinned if kept else chosen
-        if commit:
-            self.sessions.pin(session_id, replica_id, now)
-        return replica_id, kept
+        return pinned if pinned is not None and pinned in loads else None
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
@@ -245,11 +237,15 @@ class KVRouter:
         if now is None and session_id is not None:
             now = time.monotonic()
         with self.lock:
-            rid = decision.replica_id
-            if session_id is not None:
-                self.sessions.pin(session_id, rid, now)
-            start = self.index.match(decision.keys, now=now).get(rid, 0)
-            self.index.predict(rid, decision.keys, now=now, start=start)
+            start = self.index.match(decision.keys, now=now).get(decision.replica_id, 0)
+            self._credit(decision.replica, decision.keys, session_id, now, start)
+
+    def _credit(self, replica: Replica, keys: list[int], session_id: str | None, now: float | None,
+                start: int) -> None:
+        """Pin the session to ``replica`` and credit it with ``keys[start:]`` (under the lock)."""
+        if session_id is not None:
+            self.sessions.pin(session_id, replica.id, now)
+        self.index.predict(replica.id, keys, now=now, start=start)
 
     def observe_ttft(self, decision: RouteDecision, actual_s: float) -> None:
         """The routed request's first token came ``actual_s`` after routing: learn the replica's correction
@@ -259,10 +255,8 @@ class KVRouter:
             receipt.actual_ttft_s = actual_s
         if estimate is None:
             return
-        with self.lock:
-            load = self.loads.loads.get(decision.replica_id)
-            if load is not None:
-                observe_ttft(load, estimate.raw_s, actual_s)
+        with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
+            observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
 
     def _plan_pull(self, chosen: ReplicaId, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:

@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.router.replicas.bookings import Bookings
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
-from kvmesh.router.replicas.views import FieldView
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.shared_loads import SharedLoadTable
@@ -47,8 +46,6 @@ class LoadTracker:
         if not churn_tau_s > 0:
             raise ValueError(f"churn_tau_s must be > 0 seconds, got {churn_tau_s}")
         self.replicas = ReplicaSet() if replicas is None else replicas
-        self.loads = FieldView(self.replicas, "load")
-        """replica id -> its load (the mapping policies receive, filtered to healthy replicas)."""
         self.churn_tau_s = churn_tau_s
         """Time constant of ``ReplicaLoad.recent_prefill`` (about a cache's turnover time)."""
         self._churn_t0: float | None = None
@@ -65,6 +62,12 @@ class LoadTracker:
         self.replicas.on_removed(self._removed, locked=True)
 
     @property
+    def loads(self) -> dict[ReplicaId, ReplicaLoad]:
+        """Replica id -> its record's load, read now (the id-keyed form the policies receive, filtered to healthy
+        replicas; kept nowhere: each load lives on its record)."""
+        return {r.id: r.load for r in self.replicas}
+
+    @property
     def members_version(self) -> int:
         """Rises whenever a replica is added or removed (router/routing/cost/load_columns.py lays its rows out again)."""
         return self.replicas.members_version
@@ -74,8 +77,9 @@ class LoadTracker:
         self.shared, self.row, self._slotted = table, row, None
         if row is not None:
             table.clear_row(row)
-        for replica_id, load in self.loads.items():
-            load.shared_slot = table.slot(replica_id)
+        for replica in self.replicas:
+            load = replica.load
+            load.shared_slot = table.slot(replica.id)
             self._publish(load)
 
     def refresh(self) -> None:
@@ -85,7 +89,7 @@ class LoadTracker:
             return
         slotted = self._slotted
         if slotted is None:  # (load, slot) of every replica with a slot; rebuilt when the set changes
-            slotted = self._slotted = [(load, 2 * load.shared_slot) for load in self.loads.values()
+            slotted = self._slotted = [(load, 2 * load.shared_slot) for load in (r.load for r in self.replicas)
                                        if load.shared_slot is not None]
             self._num_slots = max((i // 2 + 1 for _, i in slotted), default=0)
         sums = table.peers(self.row, self._num_slots)
@@ -99,25 +103,18 @@ class LoadTracker:
         if self.row is not None and load.shared_slot is not None:
             self.shared.write(self.row, load.shared_slot, load.in_flight, load.pending_prefill_tokens)
 
-    def add_replica(self, replica_id: ReplicaId) -> ReplicaLoad:
-        """Register a replica in the tracker's set (a tracker of its own; the router adds through its set)."""
-        return self.replicas.add(Replica(replica_id, healthy=True, state=READY)).load
-
-    def remove_replica(self, replica_id: ReplicaId) -> None:
-        self.replicas.remove(replica_id)
-
     def _added(self, replica: Replica) -> None:
         self._slotted = None
         if self.shared is not None:
             replica.load.shared_slot = self.shared.slot(replica.id)  # an id seen before gets its old column
 
-    def apply_published(self, replica_id: ReplicaId, update: ReplicaLoadUpdate, now: float | None = None) -> None:
-        """Take the load ``replica_id`` published: its counts, plus this router's bookings it does not count yet, and
+    def apply_published(self, replica: Replica, update: ReplicaLoadUpdate, now: float | None = None) -> None:
+        """Take the load ``replica`` published: its counts, plus this router's bookings it does not count yet, and
         its request rate and decayed prompt sums over every router's requests (``now``: the clock of
         ``on_dispatch``)."""
-        load = self.loads.get(replica_id)
+        load = replica.load
         now = time.monotonic() if now is None else now
-        if load is None or not load.apply_published(update, now):
+        if replica.removed or not load.apply_published(update, now):
             return
         bookings = load.bookings
         if bookings is None:
@@ -131,11 +128,11 @@ class LoadTracker:
             load.recent_requests = update.recent_requests * scale
             load.arrival_rate, load.last_dispatch = update.arrival_rate, now
 
-    def stop_published(self, replica_id: ReplicaId) -> None:
-        """``replica_id``'s published load stopped (its stream was lost): its ``/load`` polls count again."""
-        load = self.loads.get(replica_id)
-        bookings = None if load is None else load.bookings
-        if load is not None and bookings is not None:
+    def stop_published(self, replica: Replica) -> None:
+        """``replica``'s published load stopped (its stream was lost): its ``/load`` polls count again."""
+        load = replica.load
+        bookings = load.bookings
+        if bookings is not None:
             load.bookings, load.published_seq = None, None
             bookings.forget()
             self._set_unacked(load, bookings)
@@ -153,14 +150,15 @@ class LoadTracker:
         if self.row is not None and slot is not None:
             self.shared.write(self.row, slot, 0, 0)  # its requests no longer count here
 
-    def on_dispatch(self, replica_id: ReplicaId, uncached_tokens: int, now: float | None = None,
+    def on_dispatch(self, replica: Replica, uncached_tokens: int, now: float | None = None,
                     prompt_tokens: int = 0) -> int | None:
-        """A request of ``prompt_tokens`` was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the
-        clock the churn decays by, ``time.monotonic()`` when None). Returns its booking number when the replica
-        publishes its load (the request carries it: ``bookings.booking_header``), else None."""
-        load = self.loads.get(replica_id)
+        """A request of ``prompt_tokens`` was sent to ``replica``; it will prefill ``uncached_tokens`` tokens there
+        (``now``: the clock the churn decays by, ``time.monotonic()`` when None). Returns its booking number when the
+        replica publishes its load (the request carries it: ``bookings.booking_header``), else None. A replica
+        removed meanwhile counts nothing."""
         number = None
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
             if self.shared is not None:
@@ -187,34 +185,34 @@ class LoadTracker:
         exponent = (now - self._churn_t0) / self.churn_tau_s
         if exponent > 200:
             shrink = math.exp(-exponent)  # may underflow to 0: that history is long forgotten anyway
-            for load in self.loads.values():
+            for load in (r.load for r in self.replicas):
                 load.recent_prefill *= shrink
                 load.recent_prompt *= shrink
                 load.recent_requests *= shrink
             self._churn_t0, exponent = now, 0.0
         return math.exp(exponent)
 
-    def reserve(self, replica_id: ReplicaId, held: bool) -> None:
+    def reserve(self, replica: Replica, held: bool) -> None:
         """Count (``held``) or stop counting a request bound for the replica that is not sent yet (a P/D split's
         decode replica while the prefill replica computes the prompt), so admission sees the slot taken."""
-        load = self.loads.get(replica_id)
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.in_flight = load.in_flight + 1 if held else max(0, load.in_flight - 1)
             if self.shared is not None:
                 self._publish(load)
 
-    def on_first_output(self, replica_id: ReplicaId, uncached_tokens: int) -> None:
+    def on_first_output(self, replica: Replica, uncached_tokens: int) -> None:
         """The request produced its first byte: its prefill is done."""
-        load = self.loads.get(replica_id)
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
             if self.shared is not None:
                 self._publish(load)
 
-    def on_finish(self, replica_id: ReplicaId, uncached_tokens: int, had_output: bool) -> None:
+    def on_finish(self, replica: Replica, uncached_tokens: int, had_output: bool) -> None:
         """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
-        load = self.loads.get(replica_id)
-        if load is not None:
+        if not replica.removed:
+            load = replica.load
             load.in_flight = max(0, load.in_flight - 1)
             if not had_output:
                 load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.model_names import find_model, model_aliases
-from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.served import ServedModels
 
@@ -81,13 +81,12 @@ class ModelCatalog:
         """Base served name -> its root as first reported."""
 
     # ---------------------------------------------------------------- reports
-    def set_served(self, replica_id: ReplicaId, served: ServedModels) -> None:
-        """What ``replica_id`` serves now (its ``/v1/models``)."""
-        replica = self.replicas.get(replica_id)
-        if replica is None:
-            if not self._adds:
-                return
-            replica = self.replicas.add(Replica(replica_id, healthy=True, state=READY))
+    def set_served(self, replica: Replica, served: ServedModels) -> None:
+        """What ``replica`` serves now (its ``/v1/models``; a replica removed meanwhile: nothing)."""
+        if self._adds:  # a set of its own: registered when first reported (the record there kept)
+            replica = self.replicas.add(replica)
+        if replica.removed:
+            return
         replica.served = served
         if served.base not in self._roots:
             self._roots[served.base] = served.root
@@ -97,11 +96,11 @@ class ModelCatalog:
             if path is not None:
                 self.adapter_paths[name] = (path, served.base)
 
-    def set_adapters(self, replica_id: ReplicaId, names: Iterable[str],
+    def set_adapters(self, replica: Replica, names: Iterable[str],
                      identities: Mapping[str, str] | None = None) -> bool:
-        """The adapters ``replica_id`` has now (``/load``'s ``lora.adapters``, and the identities of their weights):
+        """The adapters ``replica`` has now (``/load``'s ``lora.adapters``, and the identities of their weights):
         paths already known are kept. True when one of them has no known path (its ``/v1/models`` says it)."""
-        served = self._served(replica_id)
+        served = replica.served
         if served is None:
             return False
         names = list(names)
@@ -110,9 +109,10 @@ class ModelCatalog:
             served.adapters = {name: served.adapters.get(name) or self.path_of(name) for name in names}
         return any(path is None for path in served.adapters.values())
 
-    def add_adapter(self, replica_id: ReplicaId, name: str, path: str | None) -> None:
-        """``replica_id`` loaded ``name`` (the router's load call succeeded)."""
-        served = self._served(replica_id)
+    @staticmethod
+    def add_adapter(replica: Replica, name: str, path: str | None) -> None:
+        """``replica`` loaded ``name`` (the router's load call succeeded)."""
+        served = replica.served
         if served is not None:
             served.adapters[name] = path
 
@@ -131,10 +131,6 @@ class ModelCatalog:
     def served(self) -> dict[ReplicaId, ServedModels]:
         """Replica id -> what it reported (read from the records)."""
         return {r.id: r.served for r in self.replicas if r.served is not None}
-
-    def _served(self, replica_id: ReplicaId) -> ServedModels | None:
-        replica = self.replicas.get(replica_id)
-        return None if replica is None else replica.served
 
     # ---------------------------------------------------------------- reading
     def identity_of(self, adapter: str, holders: Iterable[ReplicaId]) -> str | None:
@@ -155,12 +151,14 @@ class ModelCatalog:
         live = {r.served.base for r in self.replicas if r.served is not None}
         return [base for base in self._roots if base in live]
 
-    def base_of(self, replica_id: ReplicaId) -> str | None:
-        served = self._served(replica_id)
+    @staticmethod
+    def base_of(replica: Replica) -> str | None:
+        served = replica.served
         return served.base if served is not None else None
 
-    def adapters_of(self, replica_id: ReplicaId) -> list[str]:
-        served = self._served(replica_id)
+    @staticmethod
+    def adapters_of(replica: Replica) -> list[str]:
+        served = replica.served
         return list(served.adapters) if served is not None else []
 
     def root_of(self, base: str) -> str | None:

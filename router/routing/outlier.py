@@ -16,7 +16,7 @@ not hold a missed deadline against it.
 A replica whose ``/health`` fails is down, not an outlier (``on_down``): its count starts over and an
 ejection is lifted, so a replica that Ray restarts is back as soon as it answers ``/health``. ``k`` drops back to 0 once a re-admitted replica has served ``max_ejection_s`` without another ejection. The
 caller never ejects the last replica in rotation (Envoy's ``max_ejection_percent``, here: one stays). Pure
-bookkeeping on the router's event loop: no I/O, no locks.
+bookkeeping on the router's event loop over each replica record's ``health``: no I/O, no locks.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvmesh.router.replicas.health import ReplicaHealth
-from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
-from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.replicas.replica import Replica
 
 __all__ = ["OutlierConfig", "OutlierDetector"]
 
@@ -57,58 +56,40 @@ class OutlierConfig:
 
 
 class OutlierDetector:
-    """Per-replica failure counts and ejections (see the module doc)."""
+    """Failure counts and ejections, kept on each replica's record (``Replica.health``; see the module doc)."""
 
-    def __init__(self, config: OutlierConfig, clock: Callable[[], float] = time.monotonic,
-                 replicas: ReplicaSet | None = None) -> None:
-        """``replicas``: the router's set, whose records hold each replica's ``health`` (None: a set of its own,
-        where a replica is registered when first named)."""
+    def __init__(self, config: OutlierConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold = config.consecutive_failures
         """Consecutive failures that eject a replica; 0: never eject."""
         self.base_ejection_s = config.base_ejection_s
         self.max_ejection_s = config.max_ejection_s
         self.clock = clock
-        self._adds = replicas is None
-        self.replicas = ReplicaSet() if replicas is None else replicas
-
-    def health(self, replica_id: ReplicaId) -> ReplicaHealth:
-        """The replica's record's health (a replica not in the router's set: a throwaway one)."""
-        found = self.replicas.get(replica_id)
-        if found is None:
-            if not self._adds:
-                return ReplicaHealth()
-            found = self.replicas.add(Replica(replica_id, healthy=True, state=READY))
-        return found.health
-
-    def _found(self, replica_id: ReplicaId) -> ReplicaHealth | None:
-        found = self.replicas.get(replica_id)
-        return None if found is None else found.health
 
     # ---------------------------------------------------------------- what requests and probes saw
-    def on_progress(self, replica_id: ReplicaId, at: float | None = None) -> None:
+    def on_progress(self, replica: Replica, at: float | None = None) -> None:
         """The replica made progress at monotonic time ``at`` (now if None); a poll that sees a change since the
         last one passes the last one's time: all it knows is that the change came after it."""
-        h = self.health(replica_id)
+        h = replica.health
         h.last_progress = max(h.last_progress, self.clock() if at is None else at)
 
-    def progressed_since(self, replica_id: ReplicaId, since: float) -> bool:
+    @staticmethod
+    def progressed_since(replica: Replica, since: float) -> bool:
         """Whether the replica showed progress after monotonic time ``since``."""
-        found = self._found(replica_id)
-        return found is not None and found.last_progress > since
+        return replica.health.last_progress > since
 
-    def on_success(self, replica_id: ReplicaId) -> None:
+    def on_success(self, replica: Replica) -> None:
         """An answer from the replica arrived."""
-        h = self.health(replica_id)
+        h = replica.health
         h.consecutive_failures = 0
         h.last_progress = now = self.clock()
         if h.level and h.ejected_until is None and now - h.readmitted_at > self.max_ejection_s:
             h.level = 0
 
-    def on_failure(self, replica_id: ReplicaId, why: str, can_eject: bool, sick: bool = False) -> float | None:
+    def on_failure(self, replica: Replica, why: str, can_eject: bool, sick: bool = False) -> float | None:
         """Count a failure; the seconds of the ejection it caused (0: until a probe request is answered), or
         None (``can_eject``: another replica stays in rotation; ``sick``: an answer that ``/health`` cannot
         vouch for, which ejects at once)."""
-        h = self.health(replica_id)
+        h = replica.health
         h.consecutive_failures += 1
         h.last_failure = why
         if not can_eject or not self.threshold or h.ejected_until is not None:
@@ -128,35 +109,33 @@ class OutlierDetector:
         h.level += 1
         return seconds
 
-    def on_down(self, replica_id: ReplicaId) -> None:
+    @staticmethod
+    def on_down(replica: Replica) -> None:
         """Its ``/health`` failed: the process is down (killed, restarting), which explains its failures, and a
         restarted one is vouched for by ``/health`` again -- no ejection to wait out, the count starts over."""
-        h = self._found(replica_id)
-        if h is not None:
-            h.consecutive_failures = 0
-            h.ejected_until = None
+        h = replica.health
+        h.consecutive_failures = 0
+        h.ejected_until = None
 
     # ---------------------------------------------------------------- ejections
-    def is_ejected(self, replica_id: ReplicaId) -> bool:
+    @staticmethod
+    def is_ejected(replica: Replica) -> bool:
         """Out of rotation: ejected, and not yet re-admitted by a probe request."""
-        found = self._found(replica_id)
-        return found is not None and found.ejected_until is not None
+        return replica.health.ejected_until is not None
 
-    def ejected_for_s(self, replica_id: ReplicaId) -> float:
+    def ejected_for_s(self, replica: Replica) -> float:
         """Seconds left of its ejection (0: in rotation, or over and waiting for its probe request)."""
-        found = self._found(replica_id)
-        if found is None or found.ejected_until is None:
-            return 0.0
-        return max(0.0, found.ejected_until - self.clock())
+        until = replica.health.ejected_until
+        return 0.0 if until is None else max(0.0, until - self.clock())
 
-    def probe_due(self, replica_id: ReplicaId) -> bool:
+    def probe_due(self, replica: Replica) -> bool:
         """Ejected, and its ejection is over: a probe request decides whether it comes back."""
-        found = self._found(replica_id)
-        return found is not None and found.ejected_until is not None and found.ejected_until <= self.clock()
+        until = replica.health.ejected_until
+        return until is not None and until <= self.clock()
 
-    def on_probe(self, replica_id: ReplicaId, answered: bool, why: str = "") -> float | None:
+    def on_probe(self, replica: Replica, answered: bool, why: str = "") -> float | None:
         """The probe request's outcome: re-admitted (None), or ejected again for the seconds returned."""
-        h = self.health(replica_id)
+        h = replica.health
         if answered:
             h.ejected_until = None
             h.consecutive_failures = 0

@@ -6,18 +6,17 @@ changes where a run starts, so it is taken once per run, in Python, while ``grou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from itertools import groupby, repeat
 
-from kvmesh.router.replicas.replica import ReplicaId
 
-
-def match_masks(blocks: dict[int, int], keys: Sequence[int], owners: list[ReplicaId | None]) -> dict[ReplicaId, int]:
-    """Per replica (``owners[slot]``), the leading blocks of ``keys`` whose masks in ``blocks`` have its bit."""
+def match_masks(blocks: dict[int, int], keys: Sequence[int], owners: Sequence[Hashable | None]) -> dict:
+    """Per slot's owner (``owners[slot]``: a replica's id, or its host tier), the leading blocks of ``keys`` whose
+    masks in ``blocks`` have its bit."""
     get = blocks.get
     if not keys or not get(keys[0]):
         return {}
-    out: dict[ReplicaId, int] = {}  # lookups stop as soon as no replica is left
+    out: dict = {}  # lookups stop as soon as no replica is left
     end, held = 0, -1  # held: replicas holding every block so far (-1 = all bits)
     for mask, run in groupby(map(get, keys, repeat(0))):
         now_held = held & mask

@@ -208,12 +208,12 @@ def fleet_kv_blocks(replicas: ReplicaSet) -> int:
     return sum(max(0, r.load.num_kv_blocks - 1) for r in replicas)
 
 
-def route_receipt(replica_id: ReplicaId, tiers: TierMatches, loads: Mapping, num_tokens: int, session_id: str | None,
+def route_receipt(replica: Replica, tiers: TierMatches, loads: Mapping, num_tokens: int, session_id: str | None,
                   why: str | None, estimate, block_size: int) -> RouteReceipt:
     """A decision in a user's words: its hit against the best candidate's (a host-tier block past the device prefix
     is a hit too, loaded back), why it was chosen (``why``, else by cache or by load), its predicted TTFT when the
     policy prices in seconds (``estimate``)."""
-    either = tiers.either()
+    either, replica_id = tiers.either(), replica.id
     matched = either.get(replica_id, 0)
     best_id, best = None, 0
     for rid, m in either.items():

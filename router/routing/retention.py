@@ -17,10 +17,11 @@ def exclusive_blocks(router: KVRouter) -> dict[ReplicaId, int]:
     with router.lock:
         index = router.index
         blocks, predicted = index._blocks, index.predictions.predicted
+        trees = [index._replicas[replica_id] for replica_id in index.replica_ids]
+        pools = sum(tree.bit for tree in trees)  # the GPU pools' bits (host tiers hold bits of their own)
         out: dict[ReplicaId, int] = {}
-        for replica_id in index.replica_ids:
-            tree = index._replicas[replica_id]
+        for tree in trees:
             bit = tree.bit
-            out[replica_id] = sum(1 for key in set(tree.ext_to_key.values())
-                                  if blocks.get(key, 0) & ~predicted.get(key, 0) == bit)
+            out[tree.replica_id] = sum(1 for key in set(tree.ext_to_key.values())
+                                       if blocks.get(key, 0) & ~predicted.get(key, 0) & pools == bit)
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.routing.cost import TTFTEstimate
 from kvmesh.router.routing.kv_placement import PlannedPull
 from kvmesh.router.routing.receipts import RouteReceipt
@@ -14,8 +14,8 @@ from kvmesh.router.routing.receipts import RouteReceipt
 class RouteDecision:
     """One routing decision and what it cost."""
 
-    replica_id: ReplicaId
-    """The chosen replica."""
+    replica: Replica
+    """The chosen replica's record."""
     keys: list[int]
     """The request's router keys (one per full prompt block)."""
     matched_blocks: int
@@ -45,3 +45,8 @@ class RouteDecision:
     estimate: TTFTEstimate | None = None
     """The chosen replica's estimate by part (router/routing/cost/; None: not priced); ``KVRouter.observe_ttft``
     learns from it."""
+
+    @property
+    def replica_id(self) -> ReplicaId:
+        """The chosen replica's id (for the edges: headers, logs, metrics)."""
+        return self.replica.id

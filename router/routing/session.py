@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.replica import Replica, ReplicaId
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +64,10 @@ class SessionTable:
             pins.popitem(last=False)
         self._expire_oldest(now)
 
-    def forget_replica(self, replica_id: ReplicaId) -> int:
-        """Drop every pin to ``replica_id`` (it was removed or lost its cache); returns how many."""
-        gone = [s for s, (r, _) in self._pins.items() if r == replica_id]
+    def forget_replica(self, replica: Replica) -> int:
+        """Drop every pin to ``replica`` (it was removed or lost its cache); returns how many."""
+        rid = replica.id
+        gone = [s for s, (r, _) in self._pins.items() if r == rid]
         for s in gone:
             del self._pins[s]
         return len(gone)

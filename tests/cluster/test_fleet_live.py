@@ -99,7 +99,7 @@ def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
     assert outcomes and not load.failures, load.failures[:3]
     assert any(f"{busy} drained" in m and "0 request(s) in flight" not in m for m in cluster.messages)
     index = cluster.state.router.runtime.router.index
-    assert busy not in index.replica_ids and busy not in cluster.state.router.runtime.specs
+    assert busy not in index.replica_ids and busy not in cluster.state.router.runtime.replicas
 
 
 def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_recovers(cluster):
@@ -179,7 +179,7 @@ def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeyp
     assert "up" in actions and actions.count("down") == 2, state["decisions"]
     assert all(d["victim"] for d in state["decisions"] if d["action"] == "down")
     runtime = cluster.state.router.runtime
-    assert set(runtime.specs) == set(state["replicas"]) == set(map(str, runtime.router.index.replica_ids))
+    assert {r.id for r in runtime.replicas} == set(state["replicas"]) == set(map(str, runtime.router.index.replica_ids))
     metrics = httpx.get(cluster.url + "/metrics", timeout=10).text
     assert 'kvmesh_autoscaler_decisions_total{action="down"} 2.0' in metrics
     from kvmesh.cluster.cli import main

@@ -123,9 +123,9 @@ def _follow(runtime: RouterRuntime, board: _Board) -> None:
 def test_a_placed_router_makes_its_replica_set_the_boards():
     runtime = RouterRuntime(RouterConfig())
     _follow(runtime, _Board([_row("replica-0"), _row("replica-1", draining=True)]))
-    assert set(runtime.specs) == {"replica-0", "replica-1"} and runtime.draining == {"replica-1"}
+    assert {r.id for r in runtime.replicas} == {"replica-0", "replica-1"} and runtime.draining == {"replica-1"}
     _follow(runtime, _Board([_row("replica-1")]))
-    assert set(runtime.specs) == {"replica-1"} and not runtime.draining
+    assert {r.id for r in runtime.replicas} == {"replica-1"} and not runtime.draining
 
 
 def test_a_board_that_restarted_or_cannot_be_reached_leaves_the_set_as_it_is():
@@ -133,7 +133,7 @@ def test_a_board_that_restarted_or_cannot_be_reached_leaves_the_set_as_it_is():
     _follow(runtime, _Board([_row("replica-0")]))
     _follow(runtime, _Board(None))  # restarted, nothing published yet
     _follow(runtime, _Board([], error=ConnectionError("actor restarting")))
-    assert set(runtime.specs) == {"replica-0"}
+    assert {r.id for r in runtime.replicas} == {"replica-0"}
 
 
 class _Owner:

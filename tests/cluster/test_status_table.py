@@ -5,13 +5,14 @@ from __future__ import annotations
 from kvmesh.cluster.commands.status import format_table
 from kvmesh.cluster.router_client import ReplicaStatus, apply_metrics
 from kvmesh.router.http.metrics import RouterMetrics
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.load import LoadTracker
 
 
 def _router_metrics_text() -> str:
     loads = LoadTracker()
     for rid in ("replica-0", "replica-1"):
-        loads.add_replica(rid)
+        loads.replicas.add(Replica(rid, healthy=True, state=READY))
     state = {
         "index_blocks": {"replica-0": 12, "replica-1": 3}, "index_keys": 15, "events_applied": 40,
         "index": {"orphan_blocks": 0, "unknown_removals": 0},
@@ -54,7 +55,7 @@ def test_a_replica_the_router_no_longer_has_gets_no_ghost_row():
 
 def test_a_degraded_replica_and_its_bad_frames_are_shown():
     loads = LoadTracker()
-    loads.add_replica("replica-0")
+    loads.replicas.add(Replica("replica-0", healthy=True, state=READY))
     state = {"index_blocks": {"replica-0": 1}, "index_keys": 1, "events_applied": 1,
              "index": {"orphan_blocks": 0, "unknown_removals": 0}, "healthy": {"replica-0": True},
              "loads": dict(loads.loads), "subscriber": {"replica-0": {"bad_frames": 7, "last_seq": 3}},
@@ -74,10 +75,10 @@ def test_a_replica_with_a_host_tier_shows_its_usage_and_host_hit_rate():
     from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 
     loads = LoadTracker()
-    loads.add_replica("replica-0").update_report(LoadReport(
+    loads.replicas.add(Replica("replica-0", healthy=True, state=READY)).load.update_report(LoadReport(
         num_requests_running=0, num_requests_waiting=0, kv_cache_usage=0.5, num_waiting_prefill_tokens=0,
         num_host_kv_blocks=4096, host_kv_cache_usage=0.25))
-    loads.add_replica("replica-1")
+    loads.replicas.add(Replica("replica-1", healthy=True, state=READY))
     state = {"index_blocks": {}, "index_keys": 0, "events_applied": 0, "subscriber": {},
              "index": {"orphan_blocks": 0, "unknown_removals": 0},
              "healthy": {"replica-0": True, "replica-1": True}, "loads": dict(loads.loads), "event_lag": {}}

@@ -33,14 +33,14 @@ def test_hijack_by_registering_a_fake_replica_fails(fakes, start_router):
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "a"
     seen = fake_stats(hijacker)["auth_seen"]
     assert seen == [] and set(fake_stats(legit)["auth_seen"]) == {"Bearer replica-secret"}
-    assert set(router.runtime.specs) == {"a"}
+    assert {r.id for r in router.runtime.replicas} == {"a"}
 
 
 def test_admin_endpoints_are_closed_when_no_admin_key_is_configured(fakes, start_router):
     router = start_router([], admin_key=None)  # the default: no API key, no admin key
     r = _register(router, fakes[0].spec, "a", {})
     assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
-    assert router.runtime.specs == {}
+    assert len(router.runtime.replicas) == 0
     r = httpx.get(router.url + "/replicas")  # reading the set too: it names the replicas' URLs
     assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
 
@@ -66,7 +66,7 @@ def test_bad_registration_bodies_are_400(start_router, body):
     router = start_router([], admin_key="admin-key")
     r = httpx.post(router.url + "/replicas", content=body, headers={**ADMIN, "content-type": "application/json"})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == 400 and router.runtime.specs == {}
+    assert r.json()["error"]["code"] == 400 and len(router.runtime.replicas) == 0
 
 
 def test_admin_key_must_differ_from_the_api_key():

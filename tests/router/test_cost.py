@@ -118,9 +118,10 @@ def test_cache_aware_chooses_the_smallest_predicted_time():
         loads = {f"r{i}": replica(rng.uniform(2_000, 20_000), queued_prefill_tokens=rng.randrange(20_000),
                                   num_running=rng.randrange(30)) for i in range(6)}
         matches = {f"r{i}": rng.randrange(65) for i in range(6) if rng.random() < 0.5}
-        chosen = policy.choose(KEYS, TierMatches(matches), loads)
-        cost = {rid: e.choice_s for rid, e in policy.estimates.items()}
-        assert cost[chosen] == pytest.approx(min(cost.values()))
+        choice = policy.decide(KEYS, TierMatches(matches), loads)
+        cost = {rid: e.choice_s for rid, e in choice.prices.items()}
+        assert cost[choice.replica_id] == pytest.approx(min(cost.values()))
+        assert choice.estimate is choice.prices[choice.replica_id]
 
 
 def test_cache_aware_leaves_its_prefix_once_the_queue_costs_more_seconds_than_the_hit_saves():

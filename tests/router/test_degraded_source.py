@@ -23,10 +23,10 @@ def test_a_degraded_replica_counts_no_prefix_match_until_trusted_again():
         router.add_replica(rid)
     router.apply_events("a", [stored(PROMPT, BS)])
     assert router.route(PROMPT, exclude=["b"]).matched_blocks == 8
-    router.set_degraded("a", "garbage on its stream")
+    router.set_degraded(router.replicas.get("a"), "garbage on its stream")
     assert router.route(PROMPT, exclude=["b"]).matched_blocks == 0
     assert router.degraded == {"a": "garbage on its stream"}
-    router.set_degraded("a", None)
+    router.set_degraded(router.replicas.get("a"), None)
     assert router.route(PROMPT, exclude=["b"]).matched_blocks == 8
 
 

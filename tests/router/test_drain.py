@@ -92,7 +92,7 @@ def test_exclusive_blocks_counts_what_only_that_replica_holds(fakes, start_route
     # the same prompt on b too: those blocks are no longer a's alone
     httpx.post(router.url + "/replicas/a/drain", headers=ADMIN, timeout=10)
     router.runtime.replicas.get("b").state = "ready"  # b back in rotation
-    router.runtime.router.set_healthy("b", True)
+    router.runtime.router.set_healthy(router.runtime.router.replicas.get("b"), True)
     assert httpx.post(router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2},
                       headers=TENANT, timeout=20).json()["choices"][0]["text"] == "b"
     wait_for(lambda: _rows(router)["a"]["exclusive_blocks"] <= before - 10, what="b's copy of the blocks")

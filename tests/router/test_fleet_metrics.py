@@ -4,10 +4,12 @@ by replica, bounded per replica; a replica whose /metrics cannot be read gives n
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import httpx
 from kvmesh.router.http.fleet_metrics import MAX_BODY_BYTES, FleetMetrics, vllm_families
 from kvmesh.router.http.upstream_connection import UpstreamConnectError
+from kvmesh.router.replicas.replica import Replica
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,7 +40,8 @@ def scrape(fleet: FleetMetrics, answers: dict[str, tuple[int, bytes] | Exception
             raise answer
         return answer
 
-    asyncio.run(fleet.refresh({url: url for url in answers}, fetch))
+    replicas = [Replica(url, spec=SimpleNamespace(url=url)) for url in answers]  # each named by its URL
+    asyncio.run(fleet.refresh(replicas, fetch))
     registry = CollectorRegistry()
     registry.register(fleet)
     out: dict = {}

@@ -13,6 +13,7 @@ from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.proxy import Forwarder
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import Opened
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.load import LoadTracker
 
@@ -21,12 +22,12 @@ PROMPT = list(range(64))
 
 def _tracker() -> LoadTracker:
     loads = LoadTracker()
-    loads.add_replica("a")
+    loads.replicas.add(Replica("a", healthy=True, state=READY))
     return loads
 
 
-def _decision(uncached: int = 48) -> SimpleNamespace:
-    return SimpleNamespace(replica_id="a", uncached_tokens=uncached)
+def _decision(loads: LoadTracker, uncached: int = 48) -> SimpleNamespace:
+    return SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=uncached)
 
 
 def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
@@ -36,24 +37,24 @@ def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
 
 def test_an_attempt_left_without_an_answer_is_finished():
     loads = _tracker()
-    with InFlight(loads, _decision(), len(PROMPT)):
+    with InFlight(loads, _decision(loads), len(PROMPT)):
         assert _counts(loads) == (1, 48)
     assert _counts(loads) == (0, 0)
 
 
 def test_an_answered_attempt_is_handed_to_its_answer():
     loads = _tracker()
-    with InFlight(loads, _decision(), len(PROMPT)) as flight:
+    with InFlight(loads, _decision(loads), len(PROMPT)) as flight:
         flight.answered()
     assert _counts(loads) == (1, 0)  # the answer's finish (had_output=True) ends it
-    loads.on_finish("a", 48, had_output=True)
+    loads.on_finish(loads.replicas.get("a"), 48, had_output=True)
     assert _counts(loads) == (0, 0)
 
 
 @pytest.mark.parametrize("answered", [False, True])
 def test_an_exception_finishes_the_attempt_answered_or_not(answered):
     loads = _tracker()
-    with pytest.raises(RuntimeError), InFlight(loads, _decision(), len(PROMPT)) as flight:
+    with pytest.raises(RuntimeError), InFlight(loads, _decision(loads), len(PROMPT)) as flight:
         if answered:
             flight.answered()
         raise RuntimeError("after dispatch, before the answer took it")
@@ -64,7 +65,7 @@ def test_a_cancelled_attempt_is_finished():
     loads = _tracker()
 
     async def attempt() -> None:
-        with InFlight(loads, _decision(), len(PROMPT)):
+        with InFlight(loads, _decision(loads), len(PROMPT)):
             await asyncio.sleep(10)
 
     async def main() -> None:
@@ -81,7 +82,7 @@ def test_a_cancelled_attempt_is_finished():
 
 def test_a_reservation_is_released_however_its_block_ends():
     loads = _tracker()
-    with pytest.raises(RuntimeError), reserved(loads, "a"):
+    with pytest.raises(RuntimeError), reserved(loads, loads.replicas.get("a")):
         assert _counts(loads) == (1, 0)
         raise RuntimeError("the prefill call failed")
     assert _counts(loads) == (0, 0)
@@ -101,14 +102,14 @@ def _forwarder(open_on) -> tuple[Forwarder, KVRouter]:
     router = KVRouter(block_size=16)
     for rid in ("a", "b"):
         router.add_replica(rid, spec=SimpleNamespace(url=f"http://{rid}"))
-    runtime = SimpleNamespace(
-        router=router, config=SimpleNamespace(upstream=SimpleNamespace(max_attempts=3)), headers=dict,
-        patience=lambda rid: None, metrics=MagicMock(), receipt_metrics=MagicMock(), outliers=MagicMock(),
-        record_failure=MagicMock(), mark_failed=MagicMock())
-    forwarder = Forwarder(runtime)
+    plane = SimpleNamespace(
+        router=router, config=SimpleNamespace(upstream=SimpleNamespace(max_attempts=3)), headers={},
+        metrics=MagicMock(), receipt_metrics=MagicMock(), failures=MagicMock())
+    forwarder = Forwarder(plane)
 
-    async def fake_open(url, request, kind, headers, decision, patience):
-        return open_on(decision.replica_id, decision)
+    async def fake_open(replica, request, headers, decision):
+        opened = open_on(replica.id, decision)
+        return opened._replace(replica=replica) if isinstance(opened, Opened) else opened
 
     forwarder._open = fake_open
     return forwarder, router
@@ -140,7 +141,7 @@ def test_dispatch_finishes_a_failed_replica_and_hands_the_retry_to_its_answer():
 
     def open_on(rid, decision):  # the first replica answers 503, the next one 200
         chosen.append(rid)
-        return Opened(_Upstream(503 if len(chosen) == 1 else 200), b"{", None, decision)
+        return Opened(_Upstream(503 if len(chosen) == 1 else 200), b"{", None, decision, None)
 
     forwarder, router = _forwarder(open_on)
     opened, tried = _dispatch(forwarder)
@@ -151,8 +152,8 @@ def test_dispatch_finishes_a_failed_replica_and_hands_the_retry_to_its_answer():
 
 
 def test_dispatch_hands_the_last_error_to_its_answer_when_every_replica_failed():
-    forwarder, router = _forwarder(lambda rid, decision: Opened(_Upstream(503), b"{}", None, decision))
-    forwarder.runtime.config.upstream.max_attempts = 2
+    forwarder, router = _forwarder(lambda rid, decision: Opened(_Upstream(503), b"{}", None, decision, None))
+    forwarder.plane.config.upstream.max_attempts = 2
     opened, tried = _dispatch(forwarder)
     assert opened.upstream.status == 503 and len(tried) == 1
     assert _all_counts(router)[opened.decision.replica_id] == (1, 0)

@@ -58,7 +58,7 @@ def test_prefill_replicas_never_get_a_request_to_decode():
     router = make_router({"p": "prefill", "d": "decode"})
     router.apply_events("p", [stored(PROMPT, BS)])  # the prefill replica even holds the prompt
     assert {router.route(PROMPT).replica_id for _ in range(20)} == {"d"}
-    router.set_healthy("d", False)
+    router.set_healthy(router.replicas.get("d"), False)
     with pytest.raises(NoReplicaError, match="role prefill"):
         router.route(PROMPT)
 
@@ -95,7 +95,7 @@ def test_token_rules_split_to_the_least_loaded_prefill_replica_with_room():
     router.loads.loads["p1"].update_report(report(waiting_prefill=4096))
     assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
     router.loads.loads["p1"].update_report(report())
-    router.set_healthy("p1", False)  # down, draining or ejected: no room either
+    router.set_healthy(router.replicas.get("p1"), False)  # down, draining or ejected: no room either
     assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
 
 

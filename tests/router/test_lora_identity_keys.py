@@ -18,6 +18,7 @@ from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
 from kvmesh.router.control.adapter_loads import AdapterLoads
+from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import RouterKeyHasher
 from kvmesh.router.routing.model_pools import AdapterLoadError, ModelCatalog, ServedModels
@@ -47,7 +48,7 @@ def run(engine: LLMEngine, request_id: str, lora: LoRARequest) -> None:
 
 def routed_match(engine: LLMEngine, events: list, catalog: ModelCatalog) -> int:
     """Blocks of PROMPT the router's keys for an ``x`` request find in the index fed by the replica's events."""
-    catalog.set_adapters("r0", engine.loras.load([]).adapters, engine.loras.load([]).identities)
+    catalog.set_adapters(catalog.replicas.get("r0"), engine.loras.load([]).adapters, engine.loras.load([]).identities)
     pool = catalog.pool("x")
     index = PrefixIndex(hasher=RouterKeyHasher(BS), predict_ttl_s=0.0)
     index.add_replica("r0")
@@ -65,7 +66,7 @@ def test_the_routers_keys_of_an_adapter_request_are_those_of_the_replicas_events
     stored = [e for e in events if isinstance(e, BlockStored)]
     assert stored and all(list(keys) == ["x", identity] for e in stored for keys in e.extra_keys)
     catalog = ModelCatalog()
-    catalog.set_served("r0", ServedModels("stories", None, {"x": "/adapters/old"}))
+    catalog.set_served(Replica("r0", healthy=True), ServedModels("stories", None, {"x": "/adapters/old"}))
     assert routed_match(engine, events, catalog) == len(PROMPT) // BS
     assert catalog.pool("x").lora_identity == identity
 
@@ -92,8 +93,8 @@ def test_without_the_identity_the_keys_would_miss_the_replicas_blocks():
 def test_the_identity_most_holders_report_keys_the_pool():
     catalog = ModelCatalog()
     for rid, ident in (("r0", "aaa"), ("r1", "bbb"), ("r2", "bbb")):
-        catalog.set_served(rid, ServedModels("stories", None, {"x": "/x"}))
-        catalog.set_adapters(rid, ["x"], {"x": ident})
+        catalog.set_served(Replica(rid, healthy=True), ServedModels("stories", None, {"x": "/x"}))
+        catalog.set_adapters(catalog.replicas.get(rid), ["x"], {"x": ident})
     assert catalog.pool("x").lora_identity == "bbb"
     catalog.forget_adapter("x")
     assert all(not s.identities for s in catalog.served.values())
@@ -105,8 +106,8 @@ class FakeRuntime:
 
     def __init__(self, answer) -> None:
         self.models = SimpleNamespace(catalog=ModelCatalog())
-        self.models.catalog.set_served("s0", ServedModels("stories", None, {"a1": "/a1"}))
-        self.models.catalog.set_served("t0", ServedModels("tiny", None, {}))
+        self.models.catalog.set_served(Replica("s0", healthy=True), ServedModels("stories", None, {"a1": "/a1"}))
+        self.models.catalog.set_served(Replica("t0", healthy=True), ServedModels("tiny", None, {}))
         self.answer = answer
 
 

@@ -53,7 +53,7 @@ def test_an_unrepairable_gap_degrades_the_replica_until_a_snapshot_resync():
 
     async def scenario():
         await runtime.start()
-        r.set_healthy("r", True)  # routable, as if it answered /health
+        r.set_healthy(r.replicas.get("r"), True)  # routable, as if it answered /health
         try:
             stats = lambda: runtime.subscriber.stats.get("r")  # noqa: E731
             assert await wait_for(lambda: stats() is not None and stats().snapshots == 1)

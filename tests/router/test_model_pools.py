@@ -12,6 +12,7 @@ import pytest
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.model_names import check_model, find_model, model_aliases
 from kvmesh.router.control.models import served_models
+from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.model_pools import ModelCatalog, ServedModels
 from kvmesh.router.routing.policies import NoReplicaError
@@ -19,9 +20,9 @@ from kvmesh.router.routing.policies import NoReplicaError
 
 def two_models(tmp_path=None) -> ModelCatalog:
     catalog = ModelCatalog()
-    catalog.set_served("a1", ServedModels("llama", "/models/llama"))
-    catalog.set_served("a2", ServedModels("llama", "/models/llama", {"tiny": "/adapters/tiny"}))
-    catalog.set_served("b1", ServedModels("qwen", "/models/qwen"))
+    catalog.set_served(Replica("a1", healthy=True), ServedModels("llama", "/models/llama"))
+    catalog.set_served(Replica("a2", healthy=True), ServedModels("llama", "/models/llama", {"tiny": "/adapters/tiny"}))
+    catalog.set_served(Replica("b1", healthy=True), ServedModels("qwen", "/models/qwen"))
     return catalog
 
 
@@ -47,8 +48,8 @@ def test_an_unknown_model_is_a_404_and_no_model_a_400_naming_model_when_several_
 
 def test_one_base_model_keeps_todays_rule_every_replica_and_any_name():
     catalog = ModelCatalog()
-    catalog.set_served("a1", ServedModels("llama", None))
-    catalog.set_served("a2", ServedModels("llama", None))
+    catalog.set_served(Replica("a1", healthy=True), ServedModels("llama", None))
+    catalog.set_served(Replica("a2", healthy=True), ServedModels("llama", None))
     assert catalog.pool(None) is None and catalog.pool("llama") is None
     assert catalog.pool("whatever") is None  # the router's own served_model_name rule decides (models.py)
 
@@ -60,7 +61,7 @@ def test_an_adapter_pool_is_its_holders_and_the_replicas_of_its_base_that_can_lo
     assert tiny.holders == {"a2"} and tiny.replicas == {"a1", "a2"}  # never b1: another base
     no_loads = ModelCatalog(load_missing_adapters=False)
     for rid, served in two_models().served.items():
-        no_loads.set_served(rid, served)
+        no_loads.set_served(Replica(rid, healthy=True), served)
     assert no_loads.pool("tiny").replicas == {"a2"}
 
 
@@ -76,8 +77,8 @@ def test_an_adapter_learned_from_the_admin_is_loadable_on_its_base_and_forgotten
 
 def test_load_reports_keep_known_adapter_paths_and_say_when_one_is_unknown():
     catalog = two_models()
-    assert catalog.set_adapters("a2", ["tiny"]) is False
-    assert catalog.set_adapters("a1", ["tiny", "other"]) is True  # "other": its path is in the replica's /v1/models
+    assert catalog.set_adapters(catalog.replicas.get("a2"), ["tiny"]) is False
+    assert catalog.set_adapters(catalog.replicas.get("a1"), ["tiny", "other"]) is True  # "other": its path is in the replica's /v1/models
     assert catalog.served["a1"].adapters == {"tiny": "/adapters/tiny", "other": None}
     assert catalog.pool("other").replicas == {"a1"}  # no path: only its holder serves it
 
@@ -97,7 +98,7 @@ def test_the_kv_router_routes_only_inside_the_pool():
     for _ in range(6):
         decision = router.route(prompt, pool=frozenset({"b1"}))
         assert decision.replica_id == "b1" and decision.pool == {"b1"}
-    router.set_healthy("b1", False)
+    router.set_healthy(router.replicas.get("b1"), False)
     with pytest.raises(NoReplicaError, match="serves this model"):
         router.route(prompt, pool=frozenset({"b1"}))
 
@@ -135,7 +136,7 @@ def test_a_catalog_base_given_as_a_path_answers_through_a_link(tmp_path):
     (tmp_path / "real" / "llama").mkdir(parents=True)
     (tmp_path / "link").symlink_to(tmp_path / "real")
     catalog = two_models()
-    catalog.set_served("c1", ServedModels("mistral", str(tmp_path / "real" / "llama")))
+    catalog.set_served(Replica("c1", healthy=True), ServedModels("mistral", str(tmp_path / "real" / "llama")))
     assert catalog.pool(str(tmp_path / "link" / "llama")).replicas == {"c1"}
 
 

@@ -126,7 +126,7 @@ def test_stream_that_stalls_ends_with_an_error_event_after_the_idle_deadline(fak
     a, b = fakes
     router = start_router([a.spec, b.spec], **FAST)
     both_healthy(router)
-    router.runtime.drain("b")  # the stream goes to "a"; no replica to move it to
+    router.runtime.drain(router.runtime.replicas.get("b"))  # the stream goes to "a"; no replica to move it to
     ids = prompt(6500)
     # "a" computes the prompt first and the router takes in all its KV events, so nothing "a" publishes
     # later reads as work on other requests while the stream stalls (on a loaded machine the router could

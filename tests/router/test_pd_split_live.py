@@ -170,7 +170,7 @@ def test_prefill_replicas_never_get_a_request_to_decode(trio, start_router):
     assert fake_stats(p)["auth_seen"] == []  # not one completion reached p
     rows = {r["id"]: r for r in replica_rows(router)}
     assert rows["p"]["role"] == "prefill" and rows["d"]["role"] == "both"
-    router.runtime.drain("d")
+    router.runtime.drain(router.runtime.replicas.get("d"))
     r = post(router, prompt(7410, n=16))
     assert r.status_code == 503 and "role prefill" in r.json()["error"]["message"]
 

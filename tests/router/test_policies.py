@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import POLICIES, NoReplicaError, get_policy
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig
@@ -123,7 +124,7 @@ def test_prefix_hash_in_a_router_sends_each_prompt_where_a_ring_of_the_candidate
             router.remove_replica("r2")
         down = rng.sample([r.id for r in router.replicas], 2)
         for rid in down:
-            router.set_healthy(rid, False)
+            router.set_healthy(router.replicas.get(rid), False)
         exclude = set(rng.sample([r.id for r in router.replicas], 1))
         with router.lock:
             candidates = router.candidate_loads(exclude)
@@ -132,7 +133,7 @@ def test_prefix_hash_in_a_router_sends_each_prompt_where_a_ring_of_the_candidate
         assert chosen == expected, trial
         assert "r7" not in chosen and not set(chosen) & set(down) and not set(chosen) & exclude
         for rid in down:
-            router.set_healthy(rid, True)
+            router.set_healthy(router.replicas.get(rid), True)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -170,12 +171,12 @@ def test_cache_aware_tokens_churn_does_not_move_a_request_off_its_cached_prefix(
 def test_load_tracker_recent_prefill_decays_with_its_time_constant():
     tracker = LoadTracker(churn_tau_s=10.0)
     for rid in ("a", "b"):
-        tracker.add_replica(rid)
-    tracker.on_dispatch("a", 1000, now=0.0)
-    tracker.on_dispatch("b", 1000, now=10.0)  # as recent as it gets: a's tokens have decayed by e since
+        tracker.replicas.add(Replica(rid, healthy=True, state=READY))
+    tracker.on_dispatch(tracker.replicas.get("a"), 1000, now=0.0)
+    tracker.on_dispatch(tracker.replicas.get("b"), 1000, now=10.0)  # as recent as it gets: a's tokens have decayed by e since
     ratio = tracker.loads["b"].recent_prefill / tracker.loads["a"].recent_prefill
     assert ratio == pytest.approx(math.e)
-    tracker.on_dispatch("a", 1000, now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
+    tracker.on_dispatch(tracker.replicas.get("a"), 1000, now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
     assert tracker.loads["a"].recent_prefill == pytest.approx(1000.0) and tracker.loads["b"].recent_prefill < 1e-50
 
 

@@ -134,13 +134,16 @@ def test_pruned_decisions_equal_the_full_scan_on_random_fleets(temperature):
             if not loads:
                 break
             keys = list(range(prompt // BS))
-            chosen = fast.choose(keys, tiers, loads, prompt, lora)
-            assert chosen == full.choose(keys, tiers, dict(loads), prompt, lora), seed
-            assert fast.estimates[chosen] == full.estimates[chosen], seed
+            fast_choice, full_choice = fast.decide(keys, tiers, loads, prompt, lora), full.decide(
+                keys, tiers, dict(loads), prompt, lora)
+            chosen = fast_choice.replica_id
+            assert chosen == full_choice.replica_id, seed
+            assert fast_choice.estimate == full_choice.estimate, seed
             pinned = rng.choice(list(loads))
-            assert (fast.keeps_session(pinned, chosen, keys, tiers.device, loads, prompt)
-                    == full.keeps_session(pinned, chosen, keys, tiers.device, dict(loads), prompt)), seed
-            router.loads.on_dispatch(chosen, prompt, now=float(_), prompt_tokens=prompt)  # the columns follow
+            assert (fast.keeps_session(pinned, fast_choice, keys, tiers.device, loads, prompt)
+                    == full.keeps_session(pinned, full_choice, keys, tiers.device, dict(loads), prompt)), seed
+            router.loads.on_dispatch(router.replicas.get(chosen), prompt, now=float(_),
+                                     prompt_tokens=prompt)  # the columns follow
 
 
 def test_route_through_the_router_equals_the_full_scan(monkeypatch):
@@ -169,17 +172,18 @@ def test_route_through_the_router_equals_the_full_scan(monkeypatch):
         assert decisions[0].predicted_ttft_s == decisions[1].predicted_ttft_s, step
         rid = decisions[0].replica_id
         for router in routers:
-            router.loads.on_dispatch(rid, decisions[0].uncached_tokens, now=float(step), prompt_tokens=len(tokens))
+            replica = router.replicas.get(rid)
+            router.loads.on_dispatch(replica, decisions[0].uncached_tokens, now=float(step), prompt_tokens=len(tokens))
             if action < 0.3:
-                router.loads.on_first_output(rid, decisions[0].uncached_tokens)
+                router.loads.on_first_output(replica, decisions[0].uncached_tokens)
             elif action < 0.4:
                 router.loads.loads[rid].update_report(LoadReport(
                     num_requests_running=3, num_requests_waiting=1, kv_cache_usage=0.5, num_waiting_prefill_tokens=99,
                     prefill_tokens_per_s=2000.0 + step))
             elif action < 0.45:
-                router.set_healthy(rid, False)
+                router.set_healthy(router.replicas.get(rid), False)
             elif action < 0.5:
-                router.set_healthy((rid + 1) % 30, True)
+                router.set_healthy(router.replicas.get((rid + 1) % 30), True)
             elif action < 0.52:
                 router.remove_replica(rid)
                 router.add_replica(rid)
@@ -204,7 +208,7 @@ def test_candidates_keep_the_trackers_order_after_a_replica_rejoins():
         router.add_replica(rid)
     router.remove_replica("a")
     router.add_replica("a")
-    router.set_healthy("b", False)
+    router.set_healthy(router.replicas.get("b"), False)
     with router.lock:
         loads = router.candidate_loads(set())
         assert list(loads) == ["c", "a"] == [r for r in router.loads.loads if r in router.healthy]
@@ -236,7 +240,7 @@ def test_a_fleet_growing_past_the_columns_threshold_decides_as_the_full_scan(mon
             kinds.append(isinstance(fast.candidate_loads(set()), CandidateLoads))
         queued = rng.randrange(2000)
         for router in (fast, full):
-            router.loads.on_dispatch(decisions[0].replica_id, decisions[0].uncached_tokens, now=float(step),
-                                     prompt_tokens=len(tokens))
+            router.loads.on_dispatch(router.replicas.get(decisions[0].replica_id), decisions[0].uncached_tokens,
+                                     now=float(step), prompt_tokens=len(tokens))
             router.loads.loads[decisions[0].replica_id].queued_prefill_tokens = queued
     assert not kinds[0] and kinds[-1]

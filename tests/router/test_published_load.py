@@ -10,6 +10,7 @@ from kvmesh.replica.openai.router_booking import booking_header, parse_booking
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.replicas import load as replica_load
 from kvmesh.router.replicas.bookings import Bookings
+from kvmesh.router.replicas.replica import READY, Replica
 from kvmesh.router.routing.load import BOOKING_MAX_AGE_S, LoadTracker
 
 
@@ -18,7 +19,7 @@ def _routers(n: int, *replicas: str) -> list[LoadTracker]:
     for k in range(n):
         tracker = LoadTracker(router_id=f"router-{k}")
         for rid in replicas:
-            tracker.add_replica(rid)
+            tracker.replicas.add(Replica(rid, healthy=True, state=READY))
         out.append(tracker)
     return out
 
@@ -43,18 +44,18 @@ def test_every_router_sees_the_published_load_and_adds_only_its_own_unacknowledg
     replica = _Replica()
     first = replica.publish(0.0)
     for tracker in (a, b):
-        tracker.apply_published("r0", first, now=0.0)
-    n1 = a.on_dispatch("r0", 300, now=0.1)
-    n2 = b.on_dispatch("r0", 500, now=0.1)
+        tracker.apply_published(tracker.replicas.get("r0"), first, now=0.0)
+    n1 = a.on_dispatch(a.replicas.get("r0"), 300, now=0.1)
+    n2 = b.on_dispatch(b.replicas.get("r0"), 500, now=0.1)
     assert (n1, n2) == (1, 1)  # each router numbers its own bookings
     # before the replica says anything, each router sees its own booking only
     assert (a.loads["r0"].prefill_backlog, b.loads["r0"].prefill_backlog) == (300, 500)
     replica.accept(a, n1, 300, 0.11)
     replica.accept(b, n2, 500, 0.11)
-    n3 = a.on_dispatch("r0", 200, now=0.12)  # sent after the replica's next update was read
+    n3 = a.on_dispatch(a.replicas.get("r0"), 200, now=0.12)  # sent after the replica's next update was read
     update = replica.publish(0.12)
     for tracker in (a, b):
-        tracker.apply_published("r0", update, now=0.13)
+        tracker.apply_published(tracker.replicas.get("r0"), update, now=0.13)
     # b: the replica's 800 queued tokens (a's 300 counted there, not twice); a: those plus its unacknowledged 200
     assert (b.loads["r0"].prefill_backlog, b.loads["r0"].decode_load) == (800, 2)
     assert (a.loads["r0"].prefill_backlog, a.loads["r0"].decode_load) == (1000, 3)
@@ -62,7 +63,7 @@ def test_every_router_sees_the_published_load_and_adds_only_its_own_unacknowledg
     replica.accept(a, n3, 200, 0.14)
     update = replica.publish(0.15)
     for tracker in (a, b):
-        tracker.apply_published("r0", update, now=0.16)
+        tracker.apply_published(tracker.replicas.get("r0"), update, now=0.16)
     assert a.loads["r0"].prefill_backlog == b.loads["r0"].prefill_backlog == 1000  # the same view, nothing twice
     assert a.loads["r0"].unacked_requests == 0
 
@@ -73,8 +74,8 @@ def test_the_fleet_rates_come_from_the_replica_not_from_one_routers_share():
     for k in range(30):
         replica.accept(a if k % 2 else b, None, 100, k * 0.1)
     update = replica.publish(3.0)
-    a.apply_published("r0", update, now=3.0)
-    b.apply_published("r0", update, now=3.0)
+    a.apply_published(a.replicas.get("r0"), update, now=3.0)
+    b.apply_published(b.replicas.get("r0"), update, now=3.0)
     assert a.loads["r0"].arrival_rate == b.loads["r0"].arrival_rate == pytest.approx(update.arrival_rate)
     assert update.arrival_rate > 0.9  # 30 requests in 3 s over a 30 s window
     assert a.loads["r0"].recent_prefill > 0
@@ -86,12 +87,12 @@ def test_an_older_update_is_ignored_and_a_restarted_replica_is_taken():
                             accepted={})
     old = ReplicaLoadUpdate(ts=9.0, seq=4, num_running=1, num_waiting=0, queued_prefill_tokens=0, kv_usage=0.0,
                             accepted={})
-    a.apply_published("r0", new, now=0.0)
-    a.apply_published("r0", old, now=0.0)
+    a.apply_published(a.replicas.get("r0"), new, now=0.0)
+    a.apply_published(a.replicas.get("r0"), old, now=0.0)
     assert a.loads["r0"].num_running == 4
     restarted = ReplicaLoadUpdate(ts=11.0, seq=0, num_running=0, num_waiting=0, queued_prefill_tokens=0,
                                   kv_usage=0.0, accepted={})
-    a.apply_published("r0", restarted, now=0.0)
+    a.apply_published(a.replicas.get("r0"), restarted, now=0.0)
     assert (a.loads["r0"].num_running, a.loads["r0"].published_seq) == (0, 0)
 
 
@@ -110,14 +111,14 @@ def test_a_booking_never_accepted_is_dropped_when_a_later_one_is_or_when_it_is_o
 
 def test_without_a_published_load_the_load_polls_count_and_a_stopped_one_gives_way_to_them(monkeypatch):
     (a,) = _routers(1, "r0")
-    assert a.on_dispatch("r0", 100) is None  # a replica that never published: no booking, no header
+    assert a.on_dispatch(a.replicas.get("r0"), 100) is None  # a replica that never published: no booking, no header
     report = LoadReport(num_requests_running=3, num_requests_waiting=2, kv_cache_usage=0.5,
                         num_waiting_prefill_tokens=700)
     a.loads["r0"].update_report(report)
     assert (a.loads["r0"].decode_load, a.loads["r0"].prefill_backlog) == (5, 700)
     update = ReplicaLoadUpdate(ts=1.0, seq=0, num_running=1, num_waiting=0, queued_prefill_tokens=0,
                                kv_usage=0.1, accepted={})
-    a.apply_published("r0", update)
+    a.apply_published(a.replicas.get("r0"), update)
     a.loads["r0"].update_report(report)  # a poll while the published load is fresh: the published counts win
     assert a.loads["r0"].num_running == 1
     now = replica_load.time.monotonic()

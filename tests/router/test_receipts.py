@@ -119,10 +119,10 @@ def test_retry_and_degraded_replica_are_fallback_with_no_cache_claims(cluster):
     retry = router.route(prompt(4, 8, tail=2), exclude=[home]).receipt
     assert retry.reason == "fallback" and retry.replica_id != home and retry.best_hit_tokens == 0
     for rid in replicas:
-        router.set_degraded(rid, "block size 32 != router's 16")
+        router.set_degraded(router.replicas.get(rid), "block size 32 != router's 16")
     degraded = router.route(prompt(4, 8, tail=4)).receipt
     assert degraded.reason == "fallback" and degraded.predicted_hit_tokens == degraded.best_hit_tokens == 0
-    router.set_degraded(home, None)
+    router.set_degraded(router.replicas.get(home), None)
     assert router.route(prompt(4, 8, tail=6)).receipt.replica_id == home
 
 

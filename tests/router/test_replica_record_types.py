@@ -53,10 +53,10 @@ def test_the_router_keeps_enums_and_its_rows_keep_their_json():
     replica = router.add_replica(spec.replica_id, healthy=True, role=spec.role, spec=spec)
     assert (replica.role, replica.state) == (ReplicaRole.PREFILL, READY) and replica.prefill_only
     assert isinstance(replica.role, ReplicaRole) and isinstance(replica.state, ReplicaState)
-    router.set_degraded(replica.id, "its block size is 32 tokens", DegradedCause.INCOMPATIBLE)
+    router.set_degraded(replica, "its block size is 32 tokens", DegradedCause.INCOMPATIBLE)
     row = msgspec.json.decode(msgspec.json.encode(replica_row(replica, now=0.0)))
     assert (row["role"], row["draining"], row["degraded"]) == ("prefill", False, "its block size is 32 tokens")
     assert json.dumps(replica.degraded) == '{"incompatible": "its block size is 32 tokens"}'
     with pytest.raises(ValueError, match="unknown degraded cause 'sideways'"):
-        router.set_degraded(replica.id, "why", "sideways")  # a string from outside
+        router.set_degraded(replica, "why", "sideways")  # a string from outside
     assert set(DEGRADED_CAUSES) == set(DegradedCause)

@@ -141,7 +141,7 @@ def test_a_batch_of_prompts_is_routed_by_its_first_prompt(fakes, start_router):
     router = start_router([f.spec for f in fakes])
     first, second = prompt(10), prompt(11, 20)
     raw = json.dumps({"prompt": [first, second], "max_tokens": 2}).encode()
-    req, ids = asyncio.run(Forwarder(router.runtime).reader.parse(raw, chat=False))
+    req, ids = asyncio.run(Forwarder(router.runtime.plane).reader.parse(raw, chat=False))
     assert ids == first and req.prompts() == [first, second]
 
 

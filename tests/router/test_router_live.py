@@ -65,7 +65,7 @@ def post(router, path, body):
 
 
 def router_keys(router, path, body):
-    req, ids = asyncio.run(Forwarder(router.runtime).reader.parse(json.dumps(body).encode(), chat="chat" in path))
+    req, ids = asyncio.run(Forwarder(router.runtime.plane).reader.parse(json.dumps(body).encode(), chat="chat" in path))
     return router.runtime.router.hasher.keys(ids, req.cache_salt)
 
 

@@ -66,9 +66,9 @@ def test_table_drops_least_recently_used_beyond_max_sessions():
 def test_unhealthy_or_removed_replica_loses_its_sessions():
     r = router()
     home = r.route(prompt(1), session_id="s", now=0.0).replica_id
-    r.set_healthy(home, False)
+    r.set_healthy(r.replicas.get(home), False)
     assert r.route(prompt(2), session_id="s", now=1.0).replica_id != home
-    r.set_healthy(home, True)
+    r.set_healthy(r.replicas.get(home), True)
     r.remove_replica(r.sessions.get("s", 2.0))
     assert r.sessions.get("s", 2.0) is None
 

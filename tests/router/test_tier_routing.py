@@ -82,11 +82,11 @@ def _decisions(router: KVRouter, rng: random.Random) -> list:
         prompt = rng.choice(prefixes) + [rng.randrange(3, 30_000) for _ in range(rng.randrange(1, 6 * BS))]
         decision = router.route(prompt, now=float(i))
         out.append(decision.replica_id)
-        router.loads.on_dispatch(decision.replica_id, decision.uncached_tokens, now=float(i))
+        router.loads.on_dispatch(decision.replica, decision.uncached_tokens, now=float(i))
         if i % 3 == 0:  # the replica's events confirm the blocks it computed
             router.apply_events(decision.replica_id, [stored(prompt, BS)])
         if i % 7 == 0:
-            router.loads.on_finish(decision.replica_id, decision.uncached_tokens, had_output=False)
+            router.loads.on_finish(decision.replica, decision.uncached_tokens, had_output=False)
     return out
 
 
@@ -95,4 +95,23 @@ def test_a_replica_that_reports_no_rate_is_priced_at_the_rate_the_others_measure
     one_silent = make_router("a", "b", "c")
     one_silent.loads.loads["c"].prefill_tokens_per_s = None  # not measured yet: the fleet's (slowest) rate
     assert _decisions(measured, random.Random(7)) == _decisions(one_silent, random.Random(7))
-    assert measured.index.host is None
+    assert measured.index.host_tiers == 0
+
+
+def test_a_host_tier_is_a_field_of_its_replicas_entry_with_a_slot_of_its_own():
+    router = make_router("a", "b")
+    index = router.index
+    router.apply_events("a", [stored(PROMPT, BS, num_blocks=4), stored(PROMPT, BS, num_blocks=12, medium="CPU")])
+    router.apply_events("b", [stored(PROMPT, BS, num_blocks=6)])
+    entry = index._replicas["a"]
+    assert entry.host is not None and entry.host.slot not in (entry.slot, index._replicas["b"].slot)
+    assert index._replicas["b"].host is None and index.host_tiers == 1
+    keys = router.hasher.keys(PROMPT)
+    assert index.match_tiers(keys) == TierMatches({"a": 4, "b": 6}, {"a": 12})
+    assert index.match(keys) == {"a": 4, "b": 6}  # the GPU pools alone
+    router.apply_events("a", [AllBlocksCleared()])  # both tiers go
+    assert index.match_tiers(keys) == TierMatches({"b": 6}, {})
+    router.apply_events("a", [stored(PROMPT, BS, num_blocks=3, medium="CPU")])
+    router.remove_replica("a")  # its slots, the tier's too, are free again
+    assert index.host_tiers == 0 and index.match_tiers(keys) == TierMatches({"b": 6}, {})
+    assert sorted(index._free_slots) == sorted((entry.slot, entry.host.slot))

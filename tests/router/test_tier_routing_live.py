@@ -51,8 +51,8 @@ def test_router_predicts_and_counts_a_hit_loaded_back_from_the_host_tier(tiered)
 
     def held_on_host_only() -> bool:
         with core.lock:
-            return core.index.match(keys).get("r0", 0) < 16 and core.index.host is not None and \
-                core.index.host.match(keys).get("r0", 0) == len(keys)
+            tiers = core.index.match_tiers(keys)
+            return tiers.device.get("r0", 0) < 16 and tiers.host.get("r0", 0) == len(keys)
 
     wait_for(held_on_host_only, what="the replica's events moving the prompt to its host tier")
     again = complete(tiered, long_prompt)

@@ -134,8 +134,8 @@ def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fak
     from .conftest import wait_for
 
     router = start_router([f.spec for f in fakes])
-    wait_for(lambda: len(router.runtime.upstream_kinds) == 2, what="both replicas probed")
-    assert set(router.runtime.upstream_kinds.values()) == {VLLM}
+    wait_for(lambda: sum(r.accepts is not None for r in router.runtime.replicas) == 2, what="both replicas probed")
+    assert {r.accepts for r in router.runtime.replicas} == {VLLM}
     text = "Once upon a time there was a dog."
 
     def prompt_tokens(path, body):

@@ -111,7 +111,7 @@ CASES = [
 @pytest.mark.parametrize("path, body", CASES)
 def test_forwarded_ids_give_the_same_answer_without_tokenizing_on_the_replica(setup, path, body, stream):
     rt, routers, counters = setup
-    assert routers[True].runtime.upstream_kinds["r0"] == KVMESH
+    assert routers[True].runtime.replicas.get("r0").accepts == KVMESH
     body = {**body, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}

@@ -63,11 +63,11 @@ def test_each_models_answers_through_the_router_equal_its_replicas(two_models):
     router, direct, stories = two_models
     runtime = router.runtime
     assert set(runtime.models.catalog.bases()) == {stories, "kvmesh-embedded"}
-    assert runtime.upstream_kinds == {"stories": "kvmesh", "kvmesh-embedded": "kvmesh"}  # token ids go to both
+    assert {r.id: r.accepts for r in runtime.replicas if r.accepts is not None} == {"stories": "kvmesh", "kvmesh-embedded": "kvmesh"}  # token ids go to both
     assert runtime.router.degraded == {}  # each fingerprint matches its own model's tokenizer
-    own, embedded = runtime.tokenizer, runtime.models.tokenizer_of("kvmesh-embedded")
+    own, embedded = runtime.tokenizer, runtime.models.tokenizer_of(runtime.replicas.get("kvmesh-embedded"))
     assert embedded is not None and embedded.fingerprint != own.fingerprint
-    assert runtime.models.tokenizer_of("stories") is own
+    assert runtime.models.tokenizer_of(runtime.replicas.get("stories")) is own
     for replica, model in (("stories", stories), ("kvmesh-embedded", "kvmesh-embedded")):
         through, own_answer = completion(router.url, model), completion(direct[replica], model)
         assert through["text"] == own_answer["text"], model  # logprobs to float noise: the second call may hit

@@ -58,5 +58,5 @@ def test_simulated_replicas_report_what_they_measured_and_the_router_prices_with
     keys = router.hasher.keys(run.requests[0].all_token_ids or [3] * (4 * BS))
     priced = price_all(loads, router.index.match(keys), {}, 4 * BS, BS, 512)
     assert set(priced) == set(loads) and all(e.priced for e in priced.values())
-    chosen = router.policy.choose(keys, TierMatches(router.index.match(keys)), loads, 4 * BS)
-    assert router.policy.estimates[chosen].choice_s == min(e.choice_s for e in router.policy.estimates.values())
+    choice = router.policy.decide(keys, TierMatches(router.index.match(keys)), loads, 4 * BS)
+    assert choice.estimate.choice_s == min(e.choice_s for e in choice.prices.values())

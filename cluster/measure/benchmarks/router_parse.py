@@ -48,7 +48,7 @@ def _setup():
     for rid in ("r0", "r1"):
         runtime.router.add_replica(rid)
     bodies = {w: [b.encode() for b in items] for w, items in workloads(load_tokenizer(STORIES)).items()}
-    return Forwarder(runtime), bodies
+    return Forwarder(runtime.plane), bodies
 
 
 async def _one(fwd, raw: bytes, chat: bool):

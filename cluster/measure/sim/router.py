@@ -167,7 +167,10 @@ class SimRouter:
         """Router ``k`` counts ``req`` on ``rid`` (every router with ``share_loads``); its booking, when ``rid``
         publishes its load, goes with it (sim/published.py)."""
         for tracker in self._trackers(k):
-            number = tracker.on_dispatch(rid, self._uncached(req), now=now, prompt_tokens=req.num_prompt_tokens)
+            replica = tracker.replicas.get(rid)
+            if replica is None:
+                continue
+            number = tracker.on_dispatch(replica, self._uncached(req), now=now, prompt_tokens=req.num_prompt_tokens)
             if number is not None and tracker is self.routers[k].loads:
                 req.booking = (tracker.router_id, number)
 
@@ -186,7 +189,8 @@ class SimRouter:
     def on_first_tokens(self, rid: str, reqs: list[SimRequest]) -> None:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
-                tracker.on_first_output(rid, self._uncached(r))
+                if (replica := tracker.replicas.get(rid)) is not None:
+                    tracker.on_first_output(replica, self._uncached(r))
             decision = self.decisions.pop(r.request_id, None)
             self.receipts.record_actual(r.receipt, r.own_cached_tokens,  # the prediction was of its own pool
                                         keys=None if decision is None else decision.keys,
@@ -197,13 +201,15 @@ class SimRouter:
     def on_prefill_done(self, pid: str, leg: SimRequest) -> None:
         """A prefill leg answered (its one token): the prefill replica's load drops."""
         for tracker in self._trackers(leg.router_index):
-            tracker.on_first_output(pid, self._uncached(leg))
-            tracker.on_finish(pid, self._uncached(leg), had_output=True)
+            if (replica := tracker.replicas.get(pid)) is not None:  # the trace names replicas by id
+                tracker.on_first_output(replica, self._uncached(leg))
+                tracker.on_finish(replica, self._uncached(leg), had_output=True)
 
     def on_finished(self, rid: str, reqs: list[SimRequest]) -> None:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
-                tracker.on_finish(rid, self._uncached(r), had_output=True)
+                if (replica := tracker.replicas.get(rid)) is not None:
+                    tracker.on_finish(replica, self._uncached(r), had_output=True)
 
     def apply(self, rid: str, events: list) -> None:
         t0 = time.perf_counter()
@@ -215,7 +221,8 @@ class SimRouter:
     def apply_load(self, rid: str, update: ReplicaLoadUpdate, now: float) -> None:
         """Every router takes the load replica ``rid`` published (``published_loads``)."""
         for router in self.routers:
-            router.loads.apply_published(rid, update, now)
+            if (replica := router.replicas.get(rid)) is not None:
+                router.loads.apply_published(replica, update, now)
 
     def poll(self, k: int, replicas: list[SimReplica], now: float) -> None:
         """Router ``k`` reads the ``/load`` of every replica it knows at ``now`` (as ``RouterRuntime`` polls it)."""
@@ -241,5 +248,7 @@ class SimRouter:
             router.remove_replica(rid)
 
     def set_healthy(self, rid: str, healthy: bool) -> None:
-        for router in self.routers:
-            router.set_healthy(rid, healthy)
+        for router in self.routers:  # the trace names a replica by id: each router's record of it
+            replica = router.replicas.get(rid)
+            if replica is not None:
+                router.set_healthy(replica, healthy)

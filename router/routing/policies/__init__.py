@@ -7,13 +7,14 @@ import difflib
 import re
 
 import msgspec
-from kvmesh.router.routing.policies.base import NoReplicaError, Policy, PolicyConfig, PolicyOptions
+from kvmesh.router.routing.policies.base import Choice, Policy, PolicyConfig, PolicyOptions
 from kvmesh.router.routing.policies.cache_aware import CacheAwarePolicy, with_step_budget
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensPolicy
 from kvmesh.router.routing.policies.dynamo import DynamoPolicy
 from kvmesh.router.routing.policies.least_loaded import LeastLoadedPolicy
 from kvmesh.router.routing.policies.llmd import LlmdPolicy
 from kvmesh.router.routing.policies.llmd_precise import LlmdPrecisePolicy
+from kvmesh.router.routing.policies.no_replica import NoReplicaError
 from kvmesh.router.routing.policies.prefix_hash import PrefixHashPolicy
 from kvmesh.router.routing.policies.random_policy import RandomPolicy
 from kvmesh.router.routing.policies.round_robin import RoundRobinPolicy
@@ -96,6 +97,6 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-__all__ = ["DEFAULT_POLICY", "PEER_POLICIES", "POLICIES", "NoReplicaError", "Policy", "PolicyConfig", "PolicyOptions", "get_policy",
-           "policy_class", "policy_config", "policy_options",
+__all__ = ["DEFAULT_POLICY", "PEER_POLICIES", "POLICIES", "Choice", "NoReplicaError", "Policy", "PolicyConfig",
+           "PolicyOptions", "get_policy", "policy_class", "policy_config", "policy_options",
            "with_step_budget"]

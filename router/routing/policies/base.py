@@ -1,6 +1,8 @@
 """The routing policy interface: pure (no I/O), fast, called once per request.
 
-``choose(request_keys, tiers, loads, num_prompt_tokens=None) -> replica_id``
+``decide(request_keys, tiers, loads, num_prompt_tokens=None, lora_name=None, pinned=None) -> Choice``: the
+replica and the request's estimate there (``KVRouter.route`` calls it once per request); ``choose`` is the replica
+alone.
 
 - ``request_keys``: the request's router keys (one per full prompt block, router/routing/keys.py).
 - ``tiers``: the leading blocks of the prompt each replica holds, per tier (``PrefixIndex.match_tiers``,
@@ -11,8 +13,8 @@
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 - ``lora_name``: the LoRA adapter the request names (None: the base model); ``cache_aware`` prices its load.
 
-``keeps_session(pinned, chosen, keys, matches, ...)`` decides whether a session's pin overrides the choice
-(``matches``: the device tier's).
+``keeps_session(pinned, choice, keys, matches, ...)`` decides whether a session's pin (``decide``'s ``pinned``)
+overrides the policy's choice (``matches``: the device tier's).
 
 A policy's tuning knobs are one frozen dataclass, its ``config_type`` (``CacheAwareConfig``, as
 sgl-router's), checked when it is built; ``policies.policy_config`` builds it from the options a user
@@ -46,8 +48,18 @@ DEFAULT_DECODE_STEP_TOKENS = 8192.0
 """vLLM's ``max_num_batched_tokens`` for online serving on 80 GB GPUs: a step budget when the replicas' is unknown."""
 
 
-class NoReplicaError(RuntimeError):
-    """No candidate replica was given to a policy (every replica is unhealthy or none exists)."""
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A policy's answer for one request: where it goes and what it is predicted to cost there."""
+
+    replica_id: ReplicaId
+    """The chosen candidate (a key of the loads the policy was given)."""
+    estimate: TTFTEstimate | None
+    """The request's estimate on it (router/routing/cost/); None: not priced (not a candidate)."""
+    prices: Prices | None = None
+    """Every candidate's estimate, when the policy chose by them (``cache_aware``); None: only the chosen one's."""
+    by_session: bool = False
+    """A session's pin chose it over the policy's pick (``decide``'s ``pinned``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +96,6 @@ class Policy:
         transfers section; None: no pull priced)."""
         self.step_tokens = DEFAULT_DECODE_STEP_TOKENS
         """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
-        self.estimates: Mapping[ReplicaId, TTFTEstimate] = {}
-        """The last request's estimate on every candidate, when ``choose`` priced them (``cache_aware``: its
-        ``Prices``, router/routing/cost/prices.py)."""
 
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
@@ -103,27 +112,35 @@ class Policy:
         return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
                          lora_name)
 
-    def estimate(self, replica_id: ReplicaId, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-                 num_prompt_tokens: int | None = None, lora_name: str | None = None) -> TTFTEstimate | None:
-        """The request's estimate on ``replica_id``: the one ``choose`` made, or priced now (a baseline policy)."""
-        found = self.estimates.get(replica_id)
-        if found is not None or replica_id not in loads:
-            return found
+    def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None,
+               pinned: ReplicaId | None = None) -> Choice:
+        """The chosen candidate with the request's estimate there: the policy's pick, or ``pinned`` (the replica of
+        the request's session, a candidate) while ``keeps_session`` keeps it. A policy that does not price chooses,
+        then the replica it answers with is priced alone."""
+        chosen = self.choose(request_keys, tiers, loads, num_prompt_tokens, lora_name)
+        kept = pinned is not None and pinned != chosen and self.keeps_session(
+            pinned, Choice(chosen, None), request_keys, tiers.device, loads, num_prompt_tokens)
+        if kept:
+            chosen = pinned
+        return Choice(chosen, self._priced(chosen, request_keys, tiers, loads, num_prompt_tokens, lora_name),
+                      by_session=kept)
+
+    def _priced(self, candidate: ReplicaId, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+                num_prompt_tokens: int | None, lora_name: str | None) -> TTFTEstimate | None:
+        """The request's estimate on ``candidate`` alone (None: not among ``loads``)."""
+        if candidate not in loads:
+            return None
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         return price_one(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
-                         lora_name, replica_id)
+                         lora_name, candidate)
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         raise NotImplementedError
 
-    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int],
+    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int],
                       matches: Matches, loads: Loads, num_prompt_tokens: int | None = None) -> bool:
-        """Whether a request of a session pinned to ``pinned`` stays there although ``choose``
-        picked ``chosen`` (router/routing/session.py). Baselines know no cost: the pin always holds."""
+        """Whether a request of a session pinned to ``pinned`` stays there although the policy made ``choice``
+        (router/routing/session.py). Baselines know no cost: the pin always holds."""
         return True
-
-    @staticmethod
-    def _check(loads: Loads) -> None:
-        if not loads:
-            raise NoReplicaError("no healthy replica to route to; start or register a replica")

@@ -12,8 +12,8 @@ the prefill the hit saves.
 Exact ties at temperature 0 rotate so an idle cluster is filled evenly; with ``temperature`` > 0 (seconds) the
 choice is sampled with probability ``exp(-(ttft - min_ttft) / temperature)``.
 
-``estimates`` keeps the last request's prices (``KVRouter`` reads the chosen one's into
-``RouteDecision.predicted_ttft_s``).
+``decide`` answers with the prices it chose by (``Choice.prices``): ``KVRouter`` reads the chosen one's into
+``RouteDecision.predicted_ttft_s``, and a session's pin is weighed against the same prices.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from kvmesh.router.routing.cost import Prices
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
+    Choice,
     Loads,
     Matches,
     Policy,
@@ -32,6 +34,7 @@ from kvmesh.router.routing.policies.base import (
     PolicyOptions,
     ReplicaId,
 )
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
@@ -78,8 +81,21 @@ class CacheAwarePolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
-        self.estimates = prices = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
+        return self.decide(request_keys, tiers, loads, num_prompt_tokens, lora_name).replica_id
+
+    def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None,
+               pinned: ReplicaId | None = None) -> Choice:
+        check_candidates(loads)
+        prices = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
+        chosen = self._cheapest(prices)
+        kept = pinned is not None and pinned != chosen and self.keeps_session(
+            pinned, Choice(chosen, None, prices), request_keys, tiers.device, loads, num_prompt_tokens)
+        if kept:
+            chosen = pinned
+        return Choice(chosen, prices[chosen], prices, by_session=kept)
+
+    def _cheapest(self, prices: Prices) -> ReplicaId:
         choice, ids = prices.choice, prices.ids  # per row, candidates in order (cost/prices.py)
         best = float(choice.min())
         t = self.config.temperature
@@ -96,10 +112,10 @@ class CacheAwarePolicy(Policy):
         self._tie += 1
         return ids[ties[self._tie % len(ties)]]
 
-    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int], matches: Matches,
+    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], matches: Matches,
                       loads: Loads, num_prompt_tokens: int | None = None) -> bool:
-        estimates = self.estimates
-        if pinned not in estimates or chosen not in estimates:
-            estimates = self.price(request_keys, TierMatches(matches), {pinned: loads[pinned], chosen: loads[chosen]},
-                                   num_prompt_tokens)
-        return estimates[pinned].choice_s <= estimates[chosen].choice_s + self.config.session_slack_s
+        chosen, prices = choice.replica_id, choice.prices
+        if prices is None or pinned not in prices or chosen not in prices:
+            prices = self.price(request_keys, TierMatches(matches), {pinned: loads[pinned], chosen: loads[chosen]},
+                                num_prompt_tokens)
+        return prices[pinned].choice_s <= prices[chosen].choice_s + self.config.session_slack_s

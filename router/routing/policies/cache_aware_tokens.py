@@ -58,12 +58,14 @@ from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.cost.stored_tokens import pulls_possible, stored_tokens
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
+    Choice,
     Loads,
     Matches,
     Policy,
     PolicyConfig,
     ReplicaId,
 )
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 _RECENT_PREFILL = attrgetter("recent_prefill")
@@ -199,8 +201,9 @@ class CacheAwareTokensPolicy(Policy):
         ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
         return 1 + self.config.churn_weight * (ratio - 1)
 
-    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int], matches: Matches,
+    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], matches: Matches,
                       loads: Loads, num_prompt_tokens: int | None = None) -> bool:
+        chosen = choice.replica_id
         costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
                            num_prompt_tokens)
         return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
@@ -226,7 +229,7 @@ class CacheAwareTokensPolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
+        check_candidates(loads)
         c, matches, host_matches = self.config, tiers.device, tiers.host
         if host_matches or c.temperature > 0 or self._prices_adapter(lora_name, loads) or self._prices_stored(loads):
             costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens, lora_name)

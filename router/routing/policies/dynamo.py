@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
@@ -115,7 +116,7 @@ class DynamoPolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
+        check_candidates(loads)
         costs = self.costs(request_keys, tiers, loads, num_prompt_tokens)
         best = min(costs.values())
         chosen = self.rng.choice([rid for rid, cost in costs.items() if cost == best])

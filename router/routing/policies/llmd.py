@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 SCRAPE_INTERVAL_S = 0.05
@@ -133,7 +134,7 @@ class LlmdPolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
+        check_candidates(loads)
         chosen = pick_highest(self.scores(request_keys, loads), self.rng)
         self.history.add(chosen, request_keys[:self.max_blocks])
         return chosen

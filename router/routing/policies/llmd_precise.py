@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
 from kvmesh.router.routing.policies.llmd import SCRAPE_INTERVAL_S, kv_cache_scores, pick_highest, queue_scores
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
@@ -85,5 +86,5 @@ class LlmdPrecisePolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
+        check_candidates(loads)
         return pick_highest(self.scores(tiers, loads), self.rng)

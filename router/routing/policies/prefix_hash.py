@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import xxhash
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
@@ -71,7 +72,7 @@ class PrefixHashPolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
+        check_candidates(loads)
         points, owners = self._current_ring(loads)
         chosen = _first_candidate(points, owners, request_keys, self.config.prefix_blocks, loads, self.rng)
         if chosen is None:  # candidates outside the router's set: a ring of their own

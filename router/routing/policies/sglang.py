@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
@@ -123,7 +124,7 @@ class SglangPolicy(Policy):
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        self._check(loads)
+        check_candidates(loads)
         chosen = self.pick(request_keys, loads)
         self.tree.insert(request_keys, chosen)
         return chosen
