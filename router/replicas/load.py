@@ -48,6 +48,10 @@ class ReplicaLoad:
     comeback: float = 0.0
     """Share of the blocks the replica stored lately that it had evicted before (from its KV events:
     router/routing/eviction_ghosts.py): how much reuse its cache is too small to keep."""
+    stored_blocks: int = 0
+    """Device blocks its KV events stored (the blocks ``comeback`` is taken over)."""
+    came_back_blocks: int = 0
+    """Of ``stored_blocks``, those that came back after an eviction (on it or another replica)."""
 
     prefill_tokens_per_s: float | None = None
     """Prompt tokens per second the replica measured itself computing (None: not reported)."""

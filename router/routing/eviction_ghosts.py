@@ -8,7 +8,7 @@ replica's stored blocks that come back this way (``comeback``, decayed over its 
 says how much reuse the caches are too small to keep: a new block placed there evicts one likely needed again. With
 no eviction coming back (or none at all) ``comeback`` is 0.
 
-The ghost list keeps the fleet's last ``capacity_blocks`` evictions per replica seen (a re-store within about one
+The ghost list keeps the fleet's last ``capacity_blocks`` evictions per replica in the fleet (a re-store within about one
 cache's worth of evictions counts; older ones are forgotten), so memory is bounded by ``capacity_blocks`` hashes per
 replica. Host-tier events (``medium="CPU"``) are not the device caches' and are ignored. A block comes back on another
 replica only where the replicas' external hashes of a block agree (engines hashing with the same seed); else only on
@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from kvmesh.events.schema import HOST_MEDIUM, BlockRemoved, BlockStored
-from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.load import ReplicaLoad
 
 DEFAULT_GHOST_BLOCKS = 8192
 """Evicted block hashes kept per replica (about a replica's cache worth in the simulator's 512-token blocks)."""
@@ -31,20 +30,9 @@ DEFAULT_WINDOW_BLOCKS = 1024
 """Stored blocks over which ``comeback`` is averaged (exponentially: each stored block weighs ``1 / window``)."""
 
 
-@dataclass(slots=True)
-class ReplicaGhosts:
-    """One replica's decayed comeback share and counts."""
-
-    comeback: float = 0.0
-    """Decayed share of stored blocks that were ghosts (came back after an eviction here)."""
-    stored: int = 0
-    """Device blocks stored (counted)."""
-    came_back: int = 0
-    """Of them, blocks that were ghosts."""
-
-
 class EvictionGhosts:
-    """The fleet's recent evictions (keys only) and, per replica, the share of its stores that re-store one of them."""
+    """The fleet's recent evictions (keys only); each replica's share of stores that re-store one of them is kept on
+    its load record (``ReplicaLoad.comeback``, with its counts)."""
 
     def __init__(self, capacity_blocks: int = DEFAULT_GHOST_BLOCKS,
                  window_blocks: int = DEFAULT_WINDOW_BLOCKS) -> None:
@@ -52,58 +40,41 @@ class EvictionGhosts:
             raise ValueError(f"capacity_blocks and window_blocks must be >= 1, got {capacity_blocks} and "
                              f"{window_blocks}")
         self.capacity_blocks = capacity_blocks
-        """Evicted hashes kept per replica seen."""
+        """Evicted hashes kept per replica in the fleet."""
         self.rate = 1.0 / window_blocks
         """Weight of one stored block in ``comeback``."""
-        self._replicas: dict[ReplicaId, ReplicaGhosts] = {}
         self._ghosts: OrderedDict = OrderedDict()
         """Evicted external block hash -> None, the oldest eviction first."""
 
-    def apply(self, replica_id: ReplicaId, events: Iterable) -> float:
-        """Take a replica's events (device medium only); returns its ``comeback`` after them."""
-        rep = self._replicas.get(replica_id)
-        if rep is None:
-            rep = self._replicas[replica_id] = ReplicaGhosts()
+    def apply(self, load: ReplicaLoad, events: Iterable, num_replicas: int = 1) -> None:
+        """Take one replica's events (device medium only) into its ``load.comeback``; ``num_replicas`` (the fleet's
+        size) scales how many evictions are kept."""
         for event in events:
             kind = type(event)
             if kind is BlockRemoved and event.medium != HOST_MEDIUM:
-                self._evicted(event.block_hashes)
+                self._evicted(event.block_hashes, self.capacity_blocks * max(1, num_replicas))
             elif kind is BlockStored and event.medium != HOST_MEDIUM:
-                self._stored(rep, event.block_hashes)
-        return rep.comeback  # a reset (AllBlocksCleared) evicts nothing: what it dropped is not a ghost
+                self._stored(load, event.block_hashes)
+        # a reset (AllBlocksCleared) evicts nothing: what it dropped is not a ghost
 
-    def _evicted(self, hashes: Iterable) -> None:
-        ghosts, cap = self._ghosts, self.capacity_blocks * max(1, len(self._replicas))
+    def _evicted(self, hashes: Iterable, cap: int) -> None:
+        ghosts = self._ghosts
         for h in hashes:
             ghosts[h] = None
             ghosts.move_to_end(h)
         while len(ghosts) > cap:
             ghosts.popitem(last=False)
 
-    def _stored(self, rep: ReplicaGhosts, hashes: Iterable) -> None:
-        ghosts, rate, share = self._ghosts, self.rate, rep.comeback
+    def _stored(self, load: ReplicaLoad, hashes: Iterable) -> None:
+        ghosts, rate, share = self._ghosts, self.rate, load.comeback
         for h in hashes:
             back = ghosts.pop(h, 0) is None
             share += rate * ((1.0 if back else 0.0) - share)
-            rep.came_back += back
-            rep.stored += 1
-        rep.comeback = share
-
-    def comeback(self, replica_id: ReplicaId) -> float:
-        """The replica's decayed share of stored blocks that came back after an eviction (0: none seen)."""
-        rep = self._replicas.get(replica_id)
-        return 0.0 if rep is None else rep.comeback
-
-    def counts(self, replica_id: ReplicaId) -> tuple[int, int]:
-        """(blocks stored, of them come back) for a replica."""
-        rep = self._replicas.get(replica_id)
-        return (0, 0) if rep is None else (rep.stored, rep.came_back)
+            load.came_back_blocks += back
+            load.stored_blocks += 1
+        load.comeback = share
 
     @property
     def num_ghosts(self) -> int:
         """Evicted hashes held now."""
         return len(self._ghosts)
-
-    def forget(self, replica_id: ReplicaId) -> None:
-        """Drop a replica's counts (it left the router); its evictions stay ghosts until pushed out."""
-        self._replicas.pop(replica_id, None)

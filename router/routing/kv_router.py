@@ -86,7 +86,6 @@ class KVRouter:
 
     def _removed(self, replica: Replica) -> None:
         self.index.remove_replica(replica.id)
-        self.ghosts.forget(replica.id)
         self.sessions.forget_replica(replica)
 
     @property
@@ -161,7 +160,7 @@ class KVRouter:
         with self.lock:
             if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
-                replica.load.comeback = self.ghosts.apply(replica_id, events)
+                self.ghosts.apply(replica.load, events, len(self.replicas))
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions

@@ -23,40 +23,47 @@ TOKENS = list(range(4 * BS))  # four blocks
 def test_a_block_stored_again_after_its_eviction_came_back():
     """Window 4 (each stored block weighs 1/4): two fresh blocks 0; one that came back 1/4; a fresh one after it
     3/4 of that."""
-    ghosts = EvictionGhosts(capacity_blocks=16, window_blocks=4)
-    assert ghosts.apply("r", [stored(TOKENS, BS, 0, 2)]) == 0.0
-    ghosts.apply("r", [removed(TOKENS, BS, [1])])
-    assert ghosts.apply("r", [stored(TOKENS, BS, 1, 1)]) == pytest.approx(0.25)
-    assert ghosts.apply("r", [stored(TOKENS, BS, 2, 1)]) == pytest.approx(0.25 * 0.75)
-    assert ghosts.counts("r") == (4, 1) and ghosts.num_ghosts == 0  # stored 4, one came back, its ghost consumed
-    assert ghosts.comeback("other") == 0.0
+    ghosts, r = EvictionGhosts(capacity_blocks=16, window_blocks=4), ReplicaLoad()
+    ghosts.apply(r, [stored(TOKENS, BS, 0, 2)])
+    assert r.comeback == 0.0
+    ghosts.apply(r, [removed(TOKENS, BS, [1])])
+    ghosts.apply(r, [stored(TOKENS, BS, 1, 1)])
+    assert r.comeback == pytest.approx(0.25)
+    ghosts.apply(r, [stored(TOKENS, BS, 2, 1)])
+    assert r.comeback == pytest.approx(0.25 * 0.75)
+    assert (r.stored_blocks, r.came_back_blocks) == (4, 1) and ghosts.num_ghosts == 0  # its ghost consumed
 
 
 def test_the_ghost_list_is_bounded_and_forgets_the_oldest():
-    ghosts = EvictionGhosts(capacity_blocks=2, window_blocks=1)
-    ghosts.apply("r", [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
+    ghosts, r = EvictionGhosts(capacity_blocks=2, window_blocks=1), ReplicaLoad()
+    ghosts.apply(r, [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
     assert ghosts.num_ghosts == 2
-    assert ghosts.apply("r", [stored(TOKENS, BS, 0, 1)]) == 0.0  # forgotten: not a comeback
-    assert ghosts.apply("r", [stored(TOKENS, BS, 1, 1)]) == 1.0  # window 1: the last stored block alone
+    ghosts.apply(r, [stored(TOKENS, BS, 0, 1)])
+    assert r.comeback == 0.0  # forgotten: not a comeback
+    ghosts.apply(r, [stored(TOKENS, BS, 1, 1)])
+    assert r.comeback == 1.0  # window 1: the last stored block alone
 
 
 def test_host_tier_events_and_resets_are_not_evictions():
-    ghosts = EvictionGhosts(window_blocks=1)
-    ghosts.apply("r", [stored(TOKENS, BS), removed(TOKENS, BS, [0], medium="CPU")])
-    assert ghosts.apply("r", [stored(TOKENS, BS, 0, 1)]) == 0.0
-    ghosts.apply("r", [AllBlocksCleared()])  # a reset evicts nothing: what it dropped is no ghost
-    assert ghosts.apply("r", [stored(TOKENS, BS, 1, 1)]) == 0.0
+    ghosts, r = EvictionGhosts(window_blocks=1), ReplicaLoad()
+    ghosts.apply(r, [stored(TOKENS, BS), removed(TOKENS, BS, [0], medium="CPU")])
+    ghosts.apply(r, [stored(TOKENS, BS, 0, 1)])
+    assert r.comeback == 0.0
+    ghosts.apply(r, [AllBlocksCleared()])  # a reset evicts nothing: what it dropped is no ghost
+    ghosts.apply(r, [stored(TOKENS, BS, 1, 1)])
+    assert r.comeback == 0.0
     with pytest.raises(ValueError, match="capacity_blocks"):
         EvictionGhosts(capacity_blocks=0)
 
 
 def test_a_block_one_replica_evicted_comes_back_on_another():
     """A request moved away from its prefix brings the blocks its old replica lost back elsewhere."""
-    ghosts = EvictionGhosts(capacity_blocks=1, window_blocks=1)
-    ghosts.apply("a", [stored(TOKENS, BS, 0, 1), removed(TOKENS, BS, [0])])
-    ghosts.apply("b", [stored(TOKENS, BS, 1, 1), removed(TOKENS, BS, [1])])  # two replicas seen: room for two
+    ghosts, a, b = EvictionGhosts(capacity_blocks=1, window_blocks=1), ReplicaLoad(), ReplicaLoad()
+    ghosts.apply(a, [stored(TOKENS, BS, 0, 1), removed(TOKENS, BS, [0])], num_replicas=2)
+    ghosts.apply(b, [stored(TOKENS, BS, 1, 1), removed(TOKENS, BS, [1])], num_replicas=2)  # room for two
     assert ghosts.num_ghosts == 2
-    assert ghosts.apply("b", [stored(TOKENS, BS, 0, 1)]) == 1.0 and ghosts.comeback("a") == 0.0
+    ghosts.apply(b, [stored(TOKENS, BS, 0, 1)], num_replicas=2)
+    assert b.comeback == 1.0 and a.comeback == 0.0
 
 
 def test_the_router_keeps_comeback_on_the_replicas_load():
@@ -65,9 +72,9 @@ def test_the_router_keeps_comeback_on_the_replicas_load():
     router.apply_events("a", [stored(TOKENS, BS), removed(TOKENS, BS, [3]), stored(TOKENS, BS, 3, 1)])
     load = router.replicas.get("a").load
     assert load.comeback == pytest.approx(1 / 1024)  # one of five stored blocks, window 1024
+    assert (load.stored_blocks, load.came_back_blocks) == (5, 1)
     router.apply_events("gone", [BlockRemoved(block_hashes=[1], medium="GPU")])  # unknown replica: ignored
-    router.remove_replica("a")
-    assert router.ghosts.counts("a") == (0, 0)
+    assert router.ghosts.num_ghosts == 0
 
 
 def _policy(**knobs):
