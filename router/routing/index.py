@@ -44,7 +44,7 @@ from kvmesh.router.routing.tier_matches import TierMatches
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class HostTier:
+class HostTierSlot:
     """The owner of a host tier's slot (``PrefixIndex._slot_owner``): a match credits it, not the replica's id, so
     ``match_tiers`` tells the tiers apart."""
 
@@ -64,7 +64,7 @@ class PrefixIndex:
         self.predictions = Predictions(self._blocks, predict_ttl_s)
         """Blocks credited to the replica a request was routed to, until events confirm them."""
         self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
-        self._slot_owner: list[ReplicaId | HostTier | None] = []
+        self._slot_owner: list[ReplicaId | HostTierSlot | None] = []
         self._free_slots: list[int] = []
         self.host_tiers = 0
         """Replicas whose host tier holds a slot (0: every slot is a GPU pool's, matches need no sorting)."""
@@ -79,7 +79,7 @@ class PrefixIndex:
             tree = self._replicas[replica_id] = ReplicaBlocks(replica_id, self._take_slot(replica_id))
         return tree
 
-    def _take_slot(self, owner: ReplicaId | HostTier) -> int:
+    def _take_slot(self, owner: ReplicaId | HostTierSlot) -> int:
         if self._free_slots:
             slot = self._free_slots.pop()
             self._slot_owner[slot] = owner
@@ -96,7 +96,7 @@ class PrefixIndex:
         """The replica's host tier, made with a slot of its own on its first host-tier event."""
         host = tree.host
         if host is None:
-            host = tree.host = ReplicaBlocks(tree.replica_id, self._take_slot(HostTier(tree.replica_id)))
+            host = tree.host = ReplicaBlocks(tree.replica_id, self._take_slot(HostTierSlot(tree.replica_id)))
             self.host_tiers += 1
         return host
 
@@ -285,14 +285,14 @@ class PrefixIndex:
         device: dict[ReplicaId, int] = {}
         host: dict[ReplicaId, int] = {}
         for owner, blocks in held.items():
-            if type(owner) is HostTier:
+            if type(owner) is HostTierSlot:
                 host[owner.replica_id] = blocks
             else:
                 device[owner] = blocks
         return TierMatches(device, host)
 
     def _match_slots(self, keys: Sequence[int], now: float | None) -> dict:
-        """Per slot's owner (a replica's id, or its ``HostTier``), the leading blocks of ``keys`` it holds."""
+        """Per slot's owner (a replica's id, or its ``HostTierSlot``), the leading blocks of ``keys`` it holds."""
         if self.predictions.queue:
             self.predictions.expire(time.monotonic() if now is None else now)
         if self.hasher.native:
