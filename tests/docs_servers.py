@@ -58,11 +58,20 @@ def free_run(count: int, tries: int = 200) -> int:
     raise AssertionError(f"no {count} consecutive free ports found in {tries} tries")
 
 
+def family_bases(base: int) -> dict[int, int]:
+    """Each port family's first free port, one after another from ``base``: the families never overlap (picked
+    apart, a router's run could fall inside the replicas' event ports)."""
+    bases, offset = {}, 0
+    for first, count in PORT_FAMILIES.items():
+        bases[first], offset = base + offset, offset + count
+    return bases
+
+
 @dataclass
 class Ports:
     """A block's guide ports and the free ones they become (the same offset from each family's first)."""
 
-    bases: dict[int, int] = field(default_factory=lambda: {first: free_run(n) for first, n in PORT_FAMILIES.items()})
+    bases: dict[int, int] = field(default_factory=lambda: family_bases(free_run(sum(PORT_FAMILIES.values()))))
 
     def __getitem__(self, guide_port: int) -> int:
         for first, count in PORT_FAMILIES.items():
@@ -144,10 +153,18 @@ class Background:
         return interrupted
 
 
+def _ctrl_c_as_in_a_shell() -> None:
+    """In the child before it runs the command: Ctrl-C and SIGTERM take their default action, as a user's shell gives
+    them. A test process may hold them ignored (a handler some earlier test left), and a process started with
+    SIGINT ignored keeps it ignored (bash cannot reset it, Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start(command: str, cwd: Path, env: dict, log: Path) -> Background:
     with log.open("w") as out:
-        proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_ctrl_c_as_in_a_shell)
     return Background(command, log, proc)
 
 
