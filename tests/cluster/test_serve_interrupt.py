@@ -37,6 +37,13 @@ def _processes_of(run: str) -> list[psutil.Process]:
     return found
 
 
+def _ctrl_c_as_in_a_shell() -> None:
+    """Ctrl-C and SIGTERM take their default action in serve, as from a user's shell, even where this test process
+    holds them ignored: else a Ctrl-C before serve installs its handlers is lost (inherited, ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _start_serve(stories_path: Path, tmp_path: Path) -> tuple[str, subprocess.Popen]:
     """(run, process): ``kvmesh serve`` of one stories260K replica on free ports, its processes marked ``run``
     (``_processes_of``), in a session of its own so that a signal reaches its whole process group, as a
@@ -47,7 +54,7 @@ def _start_serve(stories_path: Path, tmp_path: Path) -> tuple[str, subprocess.Po
     argv = [str(KVMESH), "serve", "--model", str(stories_path), "--num-replicas", "1", "--port", "0",
             "--http-port", "0", "--event-port", "0"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_ctrl_c_as_in_a_shell)
     return run, proc
 
 
