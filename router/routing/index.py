@@ -29,26 +29,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import repeat
 from operator import and_, or_
 
 from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from kvmesh.router.replicas.replica import ReplicaId
-from kvmesh.router.routing.index_stats import IndexStats, ReplicaBlocks
+from kvmesh.router.routing.index_stats import HostTierSlot, IndexStats, ReplicaBlocks
 from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orphans
 from kvmesh.router.routing.predictions import Predictions
 from kvmesh.router.routing.prefix_match import match_masks
 from kvmesh.router.routing.tier_matches import TierMatches
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class HostTierSlot:
-    """The owner of a host tier's slot (``PrefixIndex._slot_owner``): a match credits it, not the replica's id, so
-    ``match_tiers`` tells the tiers apart."""
-
-    replica_id: ReplicaId
 
 
 class PrefixIndex:

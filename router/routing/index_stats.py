@@ -54,3 +54,11 @@ class IndexStats:
     """BlockStored events dropped because their token ids could not be packed."""
     bad_block_size: int = 0
     """Stored blocks dropped because the event's block size differs from the router's."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HostTierSlot:
+    """The owner of a host tier's slot (``PrefixIndex._slot_owner``): a match credits it, not the replica's id, so
+    ``match_tiers`` tells the tiers apart."""
+
+    replica_id: ReplicaId

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
+from kvmesh.cluster.measure.sim.policy_kwargs import PolicyArgument, check_policy_kwargs
 from kvmesh.cluster.measure.workloads.tenants import parse_tenant_mix
 from kvmesh.replica.config import EngineConfig, parse_size
 from kvmesh.router.config import RouterConfig
@@ -71,8 +72,6 @@ class CostModel:
 ROUTER_SPREADS = ("round_robin", "random")
 PD_PREFILL_PICKS = ("least_loaded", "policy")
 
-PolicyArgument = int | float | str | bool | None
-"""A routing policy's keyword argument value, as given on the command line (``--policy-kwargs K=V``)."""
 SIMULATED_MODEL = "simulated"
 """``engine.model`` of a simulated replica: no model is loaded, the cost model stands in for it."""
 
@@ -254,17 +253,6 @@ class SimConfig:
         if index >= self.num_replicas:
             return "prefill"
         return "decode" if self.num_prefill_replicas else "both"
-
-
-def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
-    """Every knob is one of some policy's (``--policy-kwargs`` tunes all the policies compared)."""
-    from kvmesh.router.routing.policies import POLICIES, policy_options
-
-    known = sorted({name for policy in POLICIES for name in policy_options(policy)})
-    for key in options:
-        if key not in known:
-            raise ValueError(f"policy_kwargs: {key!r} is an option of no routing policy; "
-                             f"the options: {', '.join(known)}")
 
 
 FP8_KV_CACHE_RATIO = 2

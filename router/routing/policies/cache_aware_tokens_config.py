@@ -1,0 +1,58 @@
+"""The knobs of the default policy, ``cache_aware_tokens`` (router/routing/policies/cache_aware_tokens.py, which says
+what each term of its cost means)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvmesh.router.routing.policies.base import DEFAULT_DECODE_STEP_TOKENS, PolicyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareTokensConfig(PolicyConfig):
+    """The knobs of ``cache_aware_tokens`` (in prefill-token units)."""
+
+    decode_weight: float = 8.0
+    """Prefill tokens one running request on a replica is worth."""
+    backlog_weight: float = 0.15
+    """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
+    temperature: float = 0.0
+    """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
+    session_slack_tokens: float = 0.0
+    """How much more (in cost units, prefill tokens) a session's replica may cost than the cheapest one before the
+    session is released to the cheapest. 0: the pin holds while its replica is among the cheapest; the index already
+    keeps a conversation where its history is cached, and in the simulator every slack above 0 cost hit rate and
+    balance (it overrides the load and turnover terms)."""
+    churn_weight: float = 1.0
+    """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than the mean
+    (``recent_prefill``) evict younger, likelier-reused blocks; they cost ``1 + churn_weight * (churn / mean churn
+    - 1)`` each instead of 1."""
+    churn_clamp: float = 2.0
+    """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
+    backlog_release_tokens: float = math.inf
+    """Queued prefill tokens beyond which the backlog counts in full (weight 1, not ``backlog_weight``): past this
+    release point a hot replica sheds requests as a plain least-loaded router would, so its prefixes get replicated
+    elsewhere. inf = never."""
+    decode_step_tokens: float = DEFAULT_DECODE_STEP_TOKENS
+    """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``: ``with_step_budget``).
+    A running request slows every step, so it costs ``decode_weight`` per step until the new request's prefill is
+    done: (queued + uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
+    ghost_weight: float = 0.0
+    """Eviction damage: a candidate's copy of blocks another replica holds costs ``ghost_weight`` x the share of
+    stored blocks the fleet had evicted before (``comeback``, from the KV events: router/routing/eviction_ghosts.py)
+    more per token (cost/stored_tokens.py). 0: off."""
+    price_pulls: bool = False
+    """Price the prefix a candidate would pull from a peer (peer pulls on) at the pull's share of its compute time,
+    not as computed tokens (cost/stored_tokens.py)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
+        for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
+                     "backlog_release_tokens", "ghost_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.decode_step_tokens > 0:
+            raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
+        if not self.churn_clamp >= 1:
+            raise ValueError(f"churn_clamp must be >= 1, got {self.churn_clamp}")
