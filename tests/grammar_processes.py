@@ -23,14 +23,28 @@ def _is_fork_server(p: psutil.Process) -> bool:
         return False
 
 
+def _descendants(root: psutil.Process) -> list[psutil.Process]:
+    """Every process below ``root``, found by parent pid alone.
+
+    Not ``Process.children``: it drops a child whose start time reads earlier than its parent's, and both times add
+    the kernel's boot time, read afresh each time, which can move by a second between reads. A compile process
+    started within a second of its fork server was then missing now and then."""
+    by_parent: dict[int, list[psutil.Process]] = {}
+    for p in psutil.process_iter(["ppid"]):
+        by_parent.setdefault(p.info["ppid"], []).append(p)
+    found, stack = [], [root.pid]
+    while stack:
+        for child in by_parent.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child.pid)
+    return found
+
+
 def compile_workers(root: psutil.Process | None = None) -> list[psutil.Process]:
-    """The live compile processes under ``root`` (None: this process)."""
-    root = root or psutil.Process()
-    try:
-        servers = [p for p in root.children(recursive=True) if _is_fork_server(p)]
-        return [w for s in servers for w in s.children() if _alive(w)]
-    except psutil.Error:
-        return []
+    """The live compile processes under ``root`` (None: this process): the children of its fork servers."""
+    below = _descendants(root or psutil.Process())
+    servers = {p.pid for p in below if _is_fork_server(p)}
+    return [w for w in below if w.info["ppid"] in servers and _alive(w)]
 
 
 def busy_seconds(processes: list[psutil.Process]) -> float:
