@@ -58,9 +58,10 @@ async def _one(fwd, raw: bytes, chat: bool):
     parsed = await fwd.reader.parse_prompts(raw, chat)
     decoded, req, prompts = parsed if len(parsed) == 3 else (raw, *parsed)  # a --tree whose request keeps the bytes
     ids = prompts[0] if prompts else []
-    decision = fwd.runtime.router.route(ids, req.cache_salt, exclude=[], session_id=req.user)
-    body = ProxyRequest(decoded, req, prompts, chat, fwd.runtime.config.tokenize.forward_token_ids).for_kind(KVMESH)
-    return decision.replica_id, body
+    plane = fwd.plane if hasattr(fwd, "plane") else fwd.runtime  # a --tree from before the data plane had its own object
+    decision = plane.router.route(ids, req.cache_salt, exclude=[], session_id=req.user)
+    body = ProxyRequest(decoded, req, prompts, chat, plane.config.tokenize.forward_token_ids).for_kind(KVMESH)
+    return decision, body
 
 
 async def _pass(fwd, items: list[bytes], chat: bool) -> float:
