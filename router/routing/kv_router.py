@@ -82,10 +82,14 @@ class KVRouter:
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
         self.events_applied = 0
         """Events applied from all replicas."""
+        self.untrusted: list[Replica] = []
+        """The degraded replicas (``set_degraded``): their index matches are ignored."""
         self.replicas.on_added(lambda replica: self.index.add_replica(replica.id), locked=True)
         self.replicas.on_removed(self._removed, locked=True)
 
     def _removed(self, replica: Replica) -> None:
+        if replica in self.untrusted:
+            self.untrusted.remove(replica)
         self.index.remove_replica(replica.id)
         self.sessions.forget_replica(replica)
 
@@ -154,6 +158,9 @@ class KVRouter:
                 replica.degraded.pop(cause, None)
             else:
                 replica.degraded[cause] = reason
+            listed = replica in self.untrusted
+            if listed != bool(replica.degraded):
+                (self.untrusted.remove if listed else self.untrusted.append)(replica)
 
     def apply_events(self, replica_id: ReplicaId, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
@@ -220,8 +227,10 @@ class KVRouter:
 
     def _untrusted(self, tiers: TierMatches) -> list[ReplicaId]:
         """The degraded replicas among those holding any of the prompt (their matches are not trusted)."""
-        get = self.replicas.get
-        return [r for tier in (tiers.device, tiers.host) for r in tier if (rec := get(r)) is not None and rec.degraded]
+        if not self.untrusted:
+            return []
+        ids = {r.id for r in self.untrusted}
+        return [r for tier in (tiers.device, tiers.host) for r in tier if r in ids]
 
     def _pinned(self, session_id: str | None, now: float | None, loads) -> ReplicaId | None:
         """The replica the session is pinned to, when it is a candidate (soft affinity, router/routing/session.py: the

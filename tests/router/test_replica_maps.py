@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 MAX_ID_PARAMETERS = 33
 """Functions of router/ taking a ``replica_id`` (the edges of ``ID_EDGES``): lower it when one goes."""
-MAX_ID_LOOKUPS = 12
+MAX_ID_LOOKUPS = 10
 """Lookups of a record by id in router/ (``replica_lookups``): lower it when one goes."""
 
 _CONTAINERS = {"dict", "set", "frozenset", "defaultdict", "OrderedDict", "MutableMapping", "Dict", "Set"}
