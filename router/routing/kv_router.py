@@ -82,14 +82,13 @@ class KVRouter:
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
         self.events_applied = 0
         """Events applied from all replicas."""
-        self.untrusted: list[Replica] = []
+        self.untrusted: set[Replica] = set()
         """The degraded replicas (``set_degraded``): their index matches are ignored."""
         self.replicas.on_added(lambda replica: self.index.add_replica(replica.id), locked=True)
         self.replicas.on_removed(self._removed, locked=True)
 
     def _removed(self, replica: Replica) -> None:
-        if replica in self.untrusted:
-            self.untrusted.remove(replica)
+        self.untrusted.discard(replica)
         self.index.remove_replica(replica.id)
         self.sessions.forget_replica(replica)
 
@@ -101,11 +100,6 @@ class KVRouter:
     def healthy(self) -> frozenset[ReplicaId]:
         """Replicas that may receive requests (read from the records)."""
         return self.replicas.healthy_ids()
-
-    @property
-    def prefill_only(self) -> list[ReplicaId]:
-        """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
-        return [r.id for r in self.replicas.prefill()]
 
     @property
     def degraded(self) -> dict[ReplicaId, str]:
@@ -158,9 +152,7 @@ class KVRouter:
                 replica.degraded.pop(cause, None)
             else:
                 replica.degraded[cause] = reason
-            listed = replica in self.untrusted
-            if listed != bool(replica.degraded):
-                (self.untrusted.remove if listed else self.untrusted.append)(replica)
+            (self.untrusted.add if replica.degraded else self.untrusted.discard)(replica)
 
     def apply_events(self, replica_id: ReplicaId, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
@@ -227,10 +219,8 @@ class KVRouter:
 
     def _untrusted(self, tiers: TierMatches) -> list[ReplicaId]:
         """The degraded replicas among those holding any of the prompt (their matches are not trusted)."""
-        if not self.untrusted:
-            return []
         ids = {r.id for r in self.untrusted}
-        return [r for tier in (tiers.device, tiers.host) for r in tier if r in ids]
+        return [r for tier in (tiers.device, tiers.host) for r in tier if r in ids] if ids else []
 
     def _pinned(self, session_id: str | None, now: float | None, loads) -> ReplicaId | None:
         """The replica the session is pinned to, when it is a candidate (soft affinity, router/routing/session.py: the
