@@ -60,25 +60,24 @@ class KVHandoff:
         svc = self.plane
         if not request.route_ids or len(request.prompts) > 1:
             return  # no token ids to prefill by (no tokenizer), or a batch of prompts: served as sent
-        prefill_id, skipped = svc.router.choose_prefill(decision)
+        prefill, skipped = svc.router.choose_prefill(decision)
         if skipped is not None:
             svc.metrics.child(svc.metrics.pd_splits, skipped).inc()
-        if prefill_id is not None:  # a split, or (its prefill call failed) the request as sent: never a pull
-            prefill = svc.router.replicas.get(prefill_id)
-            handle = await self._prefill(request, decision, prefill) if prefill is not None else None
+        if prefill is not None:  # a split, or (its prefill call failed) the request as sent: never a pull
+            handle = await self._prefill(request, decision, prefill) if not prefill.removed else None
             svc.metrics.child(svc.metrics.pd_splits, SPLIT_OK if handle is not None else SPLIT_PREFILL_FAILED).inc()
             if handle is not None:
                 request.kv_transfer_params = handle
-                decision.receipt.prefill_replica_id = prefill_id
+                decision.receipt.prefill_replica_id = prefill.id
                 # the decode replica's load counts what it still computes, not the suffix the prefill replica did
                 decision.uncached_tokens = min(decision.uncached_tokens, tokens_left_after_split(
                     len(request.route_ids), svc.router.block_size))
             return
         pull = decision.pull
-        holder = svc.router.replicas.get(pull.holder_id) if pull is not None else None
-        if holder is not None and holder.spec is not None:
+        holder = pull.holder if pull is not None else None
+        if holder is not None and not holder.removed and holder.spec is not None:
             request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.spec.url}
-            decision.receipt.pulled_from = pull.holder_id
+            decision.receipt.pulled_from = holder.id
             svc.metrics.peer_pulls.inc()
 
     async def _prefill(self, request: ProxyRequest, decision: RouteDecision, prefill: Replica) -> dict | None:

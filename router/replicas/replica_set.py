@@ -116,9 +116,9 @@ class ReplicaSet:
         """Replicas that may receive requests (any role)."""
         return frozenset(rid for rid, r in self._by_id.items() if r.healthy)
 
-    def prefill_ids(self, pool: Collection[ReplicaId] | None = None) -> list[ReplicaId]:
+    def prefill(self, pool: Collection[ReplicaId] | None = None) -> list[Replica]:
         """Replicas of role prefill (in ``pool`` when given), in the order they were added."""
-        return [rid for rid, r in self._by_id.items() if r.prefill_only and (pool is None or rid in pool)]
+        return [r for rid, r in self._by_id.items() if r.prefill_only and (pool is None or rid in pool)]
 
     def healthy_within(self, excluded: Collection[ReplicaId], pool: Collection[ReplicaId] | None) -> set[ReplicaId]:
         """Healthy replicas of any role, less ``excluded``, within ``pool`` when given."""

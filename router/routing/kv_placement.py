@@ -37,12 +37,12 @@ the mean of those reported (none anywhere: no pull, it cannot be priced).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.routing.cost import (
     FleetRates,
     PullPriors,
@@ -104,7 +104,7 @@ class KVPlacementRules:
 class PlannedPull:
     """A peer pull the router asks the chosen replica to make (``kv_transfer_params.remote_url`` = the holder's)."""
 
-    holder_id: ReplicaId
+    holder: Replica
     """The replica holding the prefix."""
     num_tokens: int
     """Prompt tokens the pull should move (the holder's extra full blocks)."""
@@ -118,7 +118,7 @@ class PlannedPull:
 class SplitChoice:
     """Where a long prompt is prefilled (``choose_split``)."""
 
-    prefill_id: ReplicaId | None
+    prefill: Replica | None
     """The prefill replica; None: the prompt stays whole on its decode replica."""
     skipped: str | None = None
     """Why a wanted split was not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); None when made or not wanted."""
@@ -142,24 +142,22 @@ class SplitPrice:
         return self.split_s - self.local_s <= rules.pd_ttft_slack_s + rules.pd_stall_weight * self.stall_s
 
 
-def choose_prefill(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: Collection[ReplicaId],
-                   healthy: Collection[ReplicaId], rules: KVPlacementRules) -> ReplicaId | None:
-    """The token rule: the least loaded healthy prefill replica with room (backlog, then requests in flight);
-    None: none has room."""
+def choose_prefill(prefill: Sequence[Replica], rules: KVPlacementRules) -> Replica | None:
+    """The token rule: the least loaded healthy prefill replica with room (backlog, then requests in flight;
+    ``prefill``: the prefill replicas, in the set's order); None: none has room."""
     best, best_key = None, None
-    for rid in _with_room(loads, prefill_ids, healthy, rules):
-        load = loads[rid]
+    for replica in _with_room(prefill, rules):
+        load = replica.load
         key = (load.prefill_backlog, load.total_in_flight)
         if best_key is None or key < best_key:
-            best, best_key = rid, key
+            best, best_key = replica, key
     return best
 
 
-def _with_room(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: Collection[ReplicaId],
-               healthy: Collection[ReplicaId], rules: KVPlacementRules) -> list[ReplicaId]:
+def _with_room(prefill: Sequence[Replica], rules: KVPlacementRules) -> list[Replica]:
     """Healthy prefill replicas whose backlog is under the hard bound ``pd_max_prefill_backlog_tokens``."""
-    return [rid for rid in prefill_ids if rid in healthy and rid in loads
-            and loads[rid].prefill_backlog < rules.pd_max_prefill_backlog_tokens]
+    bound = rules.pd_max_prefill_backlog_tokens
+    return [r for r in prefill if r.healthy and r.load.prefill_backlog < bound]
 
 
 def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, prefill_uncached: int,
@@ -180,32 +178,32 @@ def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, 
     return SplitPrice(there.ttft_s + move_s, here.ttft_s, here.stall_s)
 
 
-def choose_split(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: Collection[ReplicaId],
-                 healthy: Collection[ReplicaId], decode_id: ReplicaId,
+def choose_split(prefill: Sequence[Replica], decode: Replica,
                  local_uncached: int, prefill_matched: Mapping[ReplicaId, int], num_prompt_tokens: int,
                  block_size: int, rules: KVPlacementRules) -> SplitChoice:
-    """The split decision for a prompt whose uncached suffix on ``decode_id`` is ``local_uncached`` tokens
-    (``prefill_matched``: leading prompt blocks each prefill replica holds). See the module doc."""
+    """The split decision for a prompt whose uncached suffix on ``decode`` is ``local_uncached`` tokens
+    (``prefill``: the prefill replicas, in the set's order; ``prefill_matched``: leading prompt blocks each holds,
+    by id as the index answers). See the module doc."""
     if local_uncached < rules.pd_min_uncached_tokens:
         return SplitChoice(None)
-    room = _with_room(loads, prefill_ids, healthy, rules)
+    room = _with_room(prefill, rules)
     if not room:
         return SplitChoice(None, SPLIT_NO_ROOM)
     usable = reusable_blocks(num_prompt_tokens, block_size)  # full blocks a replica reuses
     lacking = max(0, usable - (num_prompt_tokens - local_uncached) // block_size)
-    prices: list[tuple[SplitPrice, ReplicaId]] | None = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
-    for rid in room if prices is not None else ():
-        held = min(prefill_matched.get(rid, 0), usable) * block_size
-        price = price_split(loads[decode_id], loads[rid], local_uncached, num_prompt_tokens - held, lacking,
+    prices: list[tuple[SplitPrice, Replica]] | None = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
+    for replica in room if prices is not None else ():
+        held = min(prefill_matched.get(replica.id, 0), usable) * block_size
+        price = price_split(decode.load, replica.load, local_uncached, num_prompt_tokens - held, lacking,
                             block_size, rules)
         if price is None:  # a rate not measured yet: the token rules
             prices = None
             break
-        prices.append((price, rid))
+        prices.append((price, replica))
     if not prices:
-        return SplitChoice(choose_prefill(loads, prefill_ids, healthy, rules))
-    price, rid = min(prices, key=lambda p: p[0].split_s)
-    return SplitChoice(rid, None, price) if price.worth_it(rules) else SplitChoice(None, SPLIT_SLOWER, price)
+        return SplitChoice(choose_prefill(prefill, rules))
+    price, best = min(prices, key=lambda p: p[0].split_s)
+    return SplitChoice(best, None, price) if price.worth_it(rules) else SplitChoice(None, SPLIT_SLOWER, price)
 
 
 def tokens_left_after_split(num_prompt_tokens: int, block_size: int) -> int:
@@ -233,24 +231,26 @@ def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, bloc
     return pull_s, extra_blocks * block_size * spt
 
 
-def plan_pull(chosen_id: ReplicaId, chosen_blocks: int, device_matches: Mapping[ReplicaId, int],
-              loads: Mapping[ReplicaId, ReplicaLoad], candidates: set, usable_blocks: int, block_size: int,
-              rules: KVPlacementRules, fleet: FleetRates | None = None) -> PlannedPull | None:
-    """A pull for a request routed to ``chosen_id`` (holding ``chosen_blocks`` of it, device or host) when a
-    holder among ``candidates`` (healthy, trusted replicas of any role) has more and pulling is cheaper
-    (``fleet``: ``FleetRates.of`` every load, when the caller keeps it)."""
+def pull_source(chosen: Replica, chosen_blocks: int, device_matches: Mapping[ReplicaId, int],
+                candidates: Collection[ReplicaId], usable_blocks: int) -> tuple[ReplicaId | None, int]:
+    """(the replica among ``candidates`` (healthy, trusted, of any role) holding the most leading blocks beyond
+    ``chosen_blocks``, the blocks it holds); (None, ``chosen_blocks``) when none holds more. By id: the index's
+    matches name their holders so."""
     holder_id, held = None, chosen_blocks
     for rid, m in device_matches.items():
         m = min(m, usable_blocks)
-        if m > held and rid != chosen_id and rid in candidates:
+        if m > held and rid != chosen.id and rid in candidates:
             holder_id, held = rid, m
-    if holder_id is None:
+    return holder_id, held
+
+
+def plan_pull(chosen: Replica, chosen_blocks: int, holder: Replica, held: int, block_size: int,
+              rules: KVPlacementRules, fleet: FleetRates) -> PlannedPull | None:
+    """A pull for a request routed to ``chosen`` (holding ``chosen_blocks`` of it, device or host) from ``holder``
+    (holding ``held``: ``pull_source``) when pulling is cheaper (``fleet``: ``FleetRates.of`` every load)."""
+    if not can_pull(chosen.load, holder.load, pull_priors(rules)):
         return None
-    chosen, holder = loads[chosen_id], loads[holder_id]
-    if not can_pull(chosen, holder, pull_priors(rules)):
-        return None
-    priced = price_pull(chosen, holder, held - chosen_blocks, block_size,
-                        FleetRates.of(loads.values()) if fleet is None else fleet, rules)
+    priced = price_pull(chosen.load, holder.load, held - chosen_blocks, block_size, fleet, rules)
     if priced is None or not priced[0] < priced[1]:
         return None
-    return PlannedPull(holder_id, (held - chosen_blocks) * block_size, *priced)
+    return PlannedPull(holder, (held - chosen_blocks) * block_size, *priced)

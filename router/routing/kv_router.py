@@ -19,7 +19,7 @@ from kvmesh.router.replicas.replica import DEGRADED_CAUSES, JOINING, READY, Degr
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.roles import BOTH, check_role
 from kvmesh.router.routing import routable
-from kvmesh.router.routing.cost import observe_ttft
+from kvmesh.router.routing.cost import FleetRates, observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
 from kvmesh.router.routing.eviction_ghosts import EvictionGhosts
 from kvmesh.router.routing.index import PrefixIndex
@@ -31,6 +31,7 @@ from kvmesh.router.routing.kv_placement import (
     choose_split,
     plan_pull,
     pull_priors,
+    pull_source,
 )
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
@@ -81,10 +82,13 @@ class KVRouter:
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
         self.events_applied = 0
         """Events applied from all replicas."""
+        self.untrusted: set[Replica] = set()
+        """The degraded replicas (``set_degraded``): their index matches are ignored."""
         self.replicas.on_added(lambda replica: self.index.add_replica(replica.id), locked=True)
         self.replicas.on_removed(self._removed, locked=True)
 
     def _removed(self, replica: Replica) -> None:
+        self.untrusted.discard(replica)
         self.index.remove_replica(replica.id)
         self.sessions.forget_replica(replica)
 
@@ -96,11 +100,6 @@ class KVRouter:
     def healthy(self) -> frozenset[ReplicaId]:
         """Replicas that may receive requests (read from the records)."""
         return self.replicas.healthy_ids()
-
-    @property
-    def prefill_only(self) -> list[ReplicaId]:
-        """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
-        return self.replicas.prefill_ids()
 
     @property
     def degraded(self) -> dict[ReplicaId, str]:
@@ -153,6 +152,7 @@ class KVRouter:
                 replica.degraded.pop(cause, None)
             else:
                 replica.degraded[cause] = reason
+            (self.untrusted.add if replica.degraded else self.untrusted.discard)(replica)
 
     def apply_events(self, replica_id: ReplicaId, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
@@ -196,7 +196,7 @@ class KVRouter:
             replica = self.replicas.get(replica_id)
             if commit:
                 self._credit(replica, keys, session_id, now, tiers.device.get(replica_id, 0))
-            pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
+            pull = self._plan_pull(replica, tiers, num_tokens, excluded, pool)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
@@ -219,8 +219,8 @@ class KVRouter:
 
     def _untrusted(self, tiers: TierMatches) -> list[ReplicaId]:
         """The degraded replicas among those holding any of the prompt (their matches are not trusted)."""
-        get = self.replicas.get
-        return [r for tier in (tiers.device, tiers.host) for r in tier if (rec := get(r)) is not None and rec.degraded]
+        ids = {r.id for r in self.untrusted}
+        return [r for tier in (tiers.device, tiers.host) for r in tier if r in ids] if ids else []
 
     def _pinned(self, session_id: str | None, now: float | None, loads) -> ReplicaId | None:
         """The replica the session is pinned to, when it is a candidate (soft affinity, router/routing/session.py: the
@@ -257,31 +257,35 @@ class KVRouter:
         with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
             observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
 
-    def _plan_pull(self, chosen: ReplicaId, tiers: TierMatches, num_prompt_tokens: int,
+    def _plan_pull(self, chosen: Replica, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:
         """A peer pull for the chosen replica (under the lock; router/routing/kv_placement.py)."""
         rules, bs, matches = self.transfers, self.hasher.block_size, tiers.device
         usable = reusable_blocks(num_prompt_tokens, bs)
-        own = min(max(matches.get(chosen, 0), tiers.host.get(chosen, 0)), usable)
+        own = min(max(matches.get(chosen.id, 0), tiers.host.get(chosen.id, 0)), usable)
         if not rules.peer_pulls or not matches or own >= usable:
             return None
         # a pull's source: healthy, of any role, within the pool (another model's replica holds other KV)
-        candidates = self.replicas.healthy_within(excluded, pool)
+        holder_id, held = pull_source(chosen, own, matches, self.replicas.healthy_within(excluded, pool), usable)
+        holder = self.replicas.get(holder_id) if holder_id is not None else None  # the index names it by id
+        if holder is None:
+            return None
         columns = self.columns  # synced by route, but for a small fleet
-        fleet = None if len(columns.ids) < routable.COLUMNS_FROM else columns.fleet(columns.everyone, ("all", columns.version))
-        return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules, fleet)
+        fleet = (FleetRates.of([r.load for r in self.replicas.records()]) if len(columns.ids) < routable.COLUMNS_FROM
+                 else columns.fleet(columns.everyone, ("all", columns.version)))
+        return plan_pull(chosen, own, holder, held, bs, rules, fleet)
 
     def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads | dict:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under
         the lock; router/routing/routable.py)."""
         return self.routable.loads(excluded, pool)
 
-    def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[ReplicaId | None, str | None]:
+    def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[Replica | None, str | None]:
         """Where to prefill ``decision``'s prompt before its decode replica gets it: (prefill replica, None);
         (None, why) when a split is wanted but not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); (None, None) when
         the prompt stays whole (no prefill replica, or its uncached suffix is under ``pd_min_uncached_tokens``)."""
         choice = self.choose_split(decision, now)
-        return choice.prefill_id, choice.skipped
+        return choice.prefill, choice.skipped
 
     def choose_split(self, decision: RouteDecision, now: float | None = None) -> SplitChoice:
         """``choose_prefill`` with the split's price in seconds (router/routing/kv_placement.py); ``now`` as ``route``'s."""
@@ -291,7 +295,5 @@ class KVRouter:
         with self.lock:
             self.loads.refresh()
             matches = self.index.match(decision.keys, now=now)
-            prefill = self.replicas.prefill_ids(decision.pool)
-            return choose_split(self.loads.loads, prefill, self.healthy, decision.replica_id,
-                                decision.uncached_tokens, matches, num_tokens, self.hasher.block_size,
-                                self.transfers)
+            return choose_split(self.replicas.prefill(decision.pool), decision.replica, decision.uncached_tokens,
+                                matches, num_tokens, self.hasher.block_size, self.transfers)

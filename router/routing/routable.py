@@ -34,8 +34,7 @@ class RoutableLoads:
         columns.sync(rows=not small)
         key = (columns.version, self.replicas.version)
         if self._routable is None or self._routable[0] != key:  # kept while the replica set and health stand
-            get = self.replicas.get
-            mask = np.array([get(r).routable for r in columns.ids], dtype=bool)
+            mask = np.array([r.routable for r in columns.records], dtype=bool)
             self._routable = key, CandidateLoads(columns, mask, key)
         routable = self._routable[1]
         if small:

@@ -77,49 +77,55 @@ def test_router_settings_for_transfers_are_checked():
 
 
 # ---------------------------------------------------------------- the split
+def split_of(router, decision):
+    """``choose_prefill``'s answer, its prefill replica named by id."""
+    prefill, skipped = router.choose_prefill(decision)
+    return None if prefill is None else prefill.id, skipped
+
+
 def test_split_only_for_a_long_uncached_suffix_on_the_decode_replica():
     router = make_router({"p": "prefill", "d": "decode"}, pd_min_uncached_tokens=256)
-    assert router.choose_prefill(router.route(PROMPT)) == ("p", None)  # 517 uncached tokens
-    assert router.choose_prefill(router.route(PROMPT[:200])) == (None, None)  # 200 < 256
+    assert split_of(router, router.route(PROMPT)) == ("p", None)  # 517 uncached tokens
+    assert split_of(router, router.route(PROMPT[:200])) == (None, None)  # 200 < 256
     router.apply_events("d", [stored(PROMPT, BS, num_blocks=24)])  # 517 - 384 = 133 uncached on d
-    assert router.choose_prefill(router.route(PROMPT)) == (None, None)
+    assert split_of(router, router.route(PROMPT)) == (None, None)
 
 
 def test_token_rules_split_to_the_least_loaded_prefill_replica_with_room():
     router = make_router({"p1": "prefill", "p2": "prefill", "d": "both"}, pd_max_prefill_backlog_tokens=4096,
                          pd_ttft_slack_s=None)
     router.loads.loads["p1"].update_report(report(waiting_prefill=3000))
-    assert router.choose_prefill(router.route(PROMPT))[0] == "p2"
+    assert split_of(router, router.route(PROMPT))[0] == "p2"
     router.loads.loads["p2"].update_report(report(waiting_prefill=5000))  # over the limit: no room
-    assert router.choose_prefill(router.route(PROMPT))[0] == "p1"
+    assert split_of(router, router.route(PROMPT))[0] == "p1"
     router.loads.loads["p1"].update_report(report(waiting_prefill=4096))
-    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
+    assert split_of(router, router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
     router.loads.loads["p1"].update_report(report())
     router.set_healthy(router.replicas.get("p1"), False)  # down, draining or ejected: no room either
-    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
+    assert split_of(router, router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
 
 
 def test_a_split_that_costs_more_first_token_time_than_it_saves_is_skipped_slower():
     router = make_router({"p": "prefill", "d": "decode"}, pd_ttft_slack_s=0.25)
     router.loads.loads["p"].update_report(report(waiting_prefill=5000))  # 0.5 s of queue, under the token cap
-    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_SLOWER)
+    assert split_of(router, router.route(PROMPT)) == (None, SPLIT_SLOWER)
     router.loads.loads["d"].update_report(report(waiting_prefill=6000))  # home is slower still: 0.6 s of queue
-    assert router.choose_prefill(router.route(PROMPT)) == ("p", None)
+    assert split_of(router, router.route(PROMPT)) == ("p", None)
 
 
 @pytest.mark.parametrize(("weight", "split"), [(1.0, True), (0.0, False)])
 def test_a_split_may_cost_the_first_token_the_stall_it_saves_the_decode_batch(weight, split):
     router = make_router({"p": "prefill", "d": "decode"}, pd_ttft_slack_s=0.0, pd_stall_weight=weight)
     router.loads.loads["p"].update_report(report(waiting_prefill=2000))  # the split costs 0.21 s more
-    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_SLOWER)  # d idle: it saves nothing
+    assert split_of(router, router.route(PROMPT)) == (None, SPLIT_SLOWER)  # d idle: it saves nothing
     router.loads.loads["d"].update_report(report(running=5))  # 5 decoding x 52 ms of suffix: 0.26 s saved
-    assert router.choose_prefill(router.route(PROMPT)) == (("p", None) if split else (None, SPLIT_SLOWER))
+    assert split_of(router, router.route(PROMPT)) == (("p", None) if split else (None, SPLIT_SLOWER))
 
 
 def test_an_idle_decode_replica_still_hands_a_long_prompt_off_within_the_slack():
     router = make_router({"p": "prefill", "d": "decode"})  # defaults: 0.5 s covers the move and a round trip
     choice = router.choose_split(router.route(PROMPT))
-    assert choice.prefill_id == "p" and choice.price.split_s > choice.price.local_s and choice.price.stall_s == 0
+    assert choice.prefill.id == "p" and choice.price.split_s > choice.price.local_s and choice.price.stall_s == 0
 
 
 @pytest.mark.parametrize(("slack_s", "chosen"), [(0.5, "p2"), (None, "p1")])
@@ -129,7 +135,7 @@ def test_the_split_goes_to_the_prefill_replica_with_the_earliest_first_token_not
     router.loads.loads["p2"].update_report(report(waiting_prefill=300))
     router.loads.loads["p1"].update_report(report(waiting_prefill=100))
     choice = router.choose_split(router.route(PROMPT))
-    assert choice.prefill_id == chosen  # None: the token rules, the shortest backlog
+    assert choice.prefill.id == chosen  # None: the token rules, the shortest backlog
     if slack_s is not None:
         assert choice.price.split_s == pytest.approx((300 + 5) / 10_000 + 32 * (1 << 20) / 10e9 + 0.01)
 
@@ -138,9 +144,9 @@ def test_without_measured_prefill_rates_the_token_rules_decide():
     router = make_router({"p": "prefill", "d": "decode"})
     router.loads.loads["p"].update_report(report(waiting_prefill=15_000, rate=None))  # slow, but unpriced
     choice = router.choose_split(router.route(PROMPT))
-    assert choice.prefill_id == "p" and choice.price is None
+    assert choice.prefill.id == "p" and choice.price is None
     router.loads.loads["p"].update_report(report(waiting_prefill=16_384, rate=None))  # the hard bound holds
-    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
+    assert split_of(router, router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
 
 
 def test_the_move_is_priced_at_the_decode_replicas_pull_rate():
@@ -156,7 +162,7 @@ def test_the_move_is_priced_at_the_decode_replicas_pull_rate():
 
 def test_no_prefill_replica_no_split():
     router = make_router({"a": "both", "b": "both"}, pd_min_uncached_tokens=1)
-    assert router.choose_prefill(router.route(PROMPT)) == (None, None)
+    assert split_of(router, router.route(PROMPT)) == (None, None)
 
 
 # ---------------------------------------------------------------- pricing
@@ -205,7 +211,7 @@ def busy_holder_router(transfer=TRANSFER, **rules) -> KVRouter:
 def test_a_request_sent_away_from_the_holder_pulls_when_that_is_cheaper():
     decision = busy_holder_router().route(PROMPT)
     assert decision.replica_id == "b"
-    assert decision.pull.holder_id == "a" and decision.pull.num_tokens == 32 * BS
+    assert decision.pull.holder.id == "a" and decision.pull.num_tokens == 32 * BS
     assert decision.pull.pull_s < decision.pull.recompute_s
 
 

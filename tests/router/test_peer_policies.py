@@ -58,7 +58,7 @@ def test_dynamo_breaks_ties_at_random():
 
 def test_llmd_default_profile_weights():
     policy = get_policy("llmd", block_size=BS, seed=0)
-    policy.history.add("r1", KEYS[:32])
+    policy.history.server("r1").add(KEYS[:32])
     scraped = loads(3, r0={"num_waiting": 0, "kv_usage": 0.4}, r1={"num_waiting": 4, "kv_usage": 0.25},
                     r2={"num_waiting": 2, "kv_usage": 0.1})
     assert policy.scores(KEYS, scraped) == pytest.approx(
@@ -75,8 +75,8 @@ def test_llmd_prefix_is_its_own_routing_history_not_the_index():
 
 def test_llmd_history_is_a_bounded_lru_over_leading_blocks():
     policy = get_policy("llmd", LlmdConfig(lru_capacity_tokens=10 * BS, max_prefix_tokens=32 * BS), block_size=BS)
-    policy.history.add("r0", KEYS[:32])
-    assert policy.history.match("r0", KEYS) == 0  # the leading blocks were evicted
+    policy.history.server("r0").add(KEYS[:32])
+    assert policy.history.server("r0").match(KEYS) == 0  # the leading blocks were evicted
     assert policy.max_blocks == 32
 
 

@@ -12,7 +12,12 @@ Scanned statically over router/:
 - a function may take a parameter named ``replica_id`` only at the router's edges (``ID_EDGES``), where an id comes
   in: admin HTTP, the event and load feeds, the set's own index, state shared between routers, a peer router's
   formula. Each is listed with its reason.
+- a *lookup by id* is a read of the replica set by a replica's id (``replicas.get``, called or bound, or
+  ``replicas[...]``) outside the set itself: what an edge does once, where an id comes in.
 - router/http reads the router through one ``typing.Protocol`` at most (its parts get the ``DataPlane``).
+
+The ceilings below hold the counts where they are, so they cannot grow back; ``python tests/router/test_replica_maps.py``
+prints them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+MAX_ID_PARAMETERS = 30
+"""Functions of router/ taking a ``replica_id`` (the edges of ``ID_EDGES``): lower it when one goes."""
+MAX_ID_LOOKUPS = 10
+"""Lookups of a record by id in router/ (``replica_lookups``): lower it when one goes."""
 
 _CONTAINERS = {"dict", "set", "frozenset", "defaultdict", "OrderedDict", "MutableMapping", "Dict", "Set"}
 _VIEWS = {"Mapping", "FieldView"}
@@ -32,8 +42,7 @@ ALLOWED = {
     "router/replicas/replica_set.py:ReplicaSet._by_id": "the set itself: id -> record",
     "router/routing/index.py:PrefixIndex._replicas": "the index's slots: each replica's bit in the block masks",
     # A peer's formula keeps the state that router keeps, in that router's shape (its own trackers by worker):
-    "router/routing/policies/dynamo.py:ActiveBlocks.blocks": "Dynamo's router-local active blocks per worker",
-    "router/routing/policies/dynamo.py:ActiveBlocks.requests": "Dynamo's router-local requests per worker",
+    "router/routing/policies/dynamo.py:ActiveBlocks.workers": "Dynamo's router-local active sequences per worker",
     "router/routing/policies/llmd.py:RoutedPrefixes.servers": "llm-d's approximate prefix index of its own routing",
     "router/routing/policies/sglang.py:ApproximateTree.lru": "sglang-router's tree of the requests it routed",
 }
@@ -74,11 +83,8 @@ ID_EDGES = {
     "router/routing/cost/prices.py:Prices.__contains__": "Mapping protocol",
     "router/routing/cost/candidates.py:price_one": "prices one key of the candidates' id-keyed loads",
     # a peer's formula keeps that router's own per-worker state (see ALLOWED above)
-    "router/routing/policies/dynamo.py:ActiveBlocks.release": "Dynamo's per-worker tracker",
-    "router/routing/policies/dynamo.py:ActiveBlocks.with_request": "Dynamo's per-worker tracker",
-    "router/routing/policies/dynamo.py:ActiveBlocks.add": "Dynamo's per-worker tracker",
-    "router/routing/policies/llmd.py:RoutedPrefixes.match": "llm-d's per-server prefix index",
-    "router/routing/policies/llmd.py:RoutedPrefixes.add": "llm-d's per-server prefix index",
+    "router/routing/policies/dynamo.py:ActiveBlocks.worker": "Dynamo's tracker of one worker, by its id",
+    "router/routing/policies/llmd.py:RoutedPrefixes.server": "llm-d's prefix LRU of one server, by its id",
 }
 """Functions of router/ that may take a ``replica_id`` parameter: the edges where an id comes in, each with why."""
 
@@ -175,6 +181,23 @@ def id_parameters(root: Path = ROOT) -> list[str]:
     return sorted(set(found))
 
 
+def replica_lookups(root: Path = ROOT) -> list[str]:
+    """``path:line`` of every lookup of a record by id under ``root``/router (module doc): ``replicas.get`` (called or
+    bound) or ``replicas[...]``, where ``replicas`` is a name or an attribute (``self.replicas``,
+    ``svc.router.replicas``); the set's own file (router/replicas/replica_set.py) is its inside, not a lookup."""
+    found = []
+    for path, tree in _sources(root):
+        if path == "router/replicas/replica_set.py":
+            continue
+        for node in ast.walk(tree):
+            owner = node.value if isinstance(node, ast.Subscript) or (
+                isinstance(node, ast.Attribute) and node.attr == "get") else None
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            if name == "replicas":
+                found.append((path, node.lineno))
+    return [f"{path}:{line}" for path, line in sorted(found)]
+
+
 def http_protocols(root: Path = ROOT) -> list[str]:
     """``path:Class`` of every ``typing.Protocol`` class in router/http (``asyncio.Protocol``, a transport's
     callbacks, is not one)."""
@@ -198,6 +221,13 @@ def test_the_router_takes_records_and_ids_only_at_its_edges():
     extra = [name for name in id_parameters() if name not in ID_EDGES]
     assert not extra, ("functions of router/ taking a replica_id outside its edges; take the Replica record "
                        f"(router/replicas/replica.py): {extra}")
+
+
+def test_the_counts_stay_under_their_ceilings():
+    params, lookups = id_parameters(), replica_lookups()
+    assert len(params) <= MAX_ID_PARAMETERS, f"{len(params)} functions take a replica_id: {params}"
+    assert len(lookups) <= MAX_ID_LOOKUPS, (f"{len(lookups)} lookups of a record by id (pass the Replica record "
+                                            f"instead): {lookups}")
 
 
 def test_the_allowances_still_exist():
@@ -251,9 +281,22 @@ class Tracker:
 
 def health(*, replica_id): ...
 async def probe(replica_ids): ...
+
+def looks_up(svc, rid, index):
+    svc.router.replicas.get(rid)
+    get = replicas.get
+    svc.replicas[rid]
+    index._replicas.get(rid)
+    svc.router.loads.get(rid)
 ''')
     assert http_protocols(tmp_path) == ["router/http/bad.py:Reads", "router/http/bad.py:Counted"]
     assert replica_maps(tmp_path) == [f"router/http/bad.py:Tracker.{a}" for a in (
         "accepts", "causes", "draining", "healthy", "kinds", "per_replica", "specs", "up", "urls")]
     assert id_parameters(tmp_path) == ["router/http/bad.py:Reads.mark_failed", "router/http/bad.py:Tracker.on_dispatch",
                                        "router/http/bad.py:health"]
+    assert replica_lookups(tmp_path) == ["router/http/bad.py:39", "router/http/bad.py:40", "router/http/bad.py:41"]
+
+
+if __name__ == "__main__":
+    print(f"functions taking a replica_id: {len(id_parameters())} (ceiling {MAX_ID_PARAMETERS}); "
+          f"lookups of a record by id: {len(replica_lookups())} (ceiling {MAX_ID_LOOKUPS})")

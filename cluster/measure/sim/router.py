@@ -122,7 +122,8 @@ class SimRouter:
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
         # the split is decided before the decode replica counts the request, as the HTTP router does (kv_handoff)
-        pid, skipped = router.choose_prefill(decision, now=now)  # router/routing/kv_placement.py
+        prefill, skipped = router.choose_prefill(decision, now=now)  # router/routing/kv_placement.py
+        pid = prefill.id if prefill is not None else None
         if pid is not None and self.config.pd_prefill_pick == "policy":
             pid = self._policy_prefill(router, decision.keys, req)
             skipped = None if pid is not None else SPLIT_NO_ROOM
@@ -138,7 +139,7 @@ class SimRouter:
                 if other is not router:
                     other.index.predict(rid, decision.keys, now=now)
         if pid is None and decision.pull is not None:  # kept whole (short, no room, slower): the router's pull
-            req.pull_from = decision.pull.holder_id
+            req.pull_from = decision.pull.holder.id
         if skipped == SPLIT_NO_ROOM:
             self.splits_skipped_no_room += 1
         elif skipped == SPLIT_SLOWER:

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.load import LoadTracker
@@ -39,8 +39,10 @@ class LoadColumns:
         self.tracker = tracker
         self._record = tracker.replicas.get
         """A replica's record (its load carries its row)."""
+        self.records: list[Replica] = []
+        """Row -> its replica's record (a replica's own row is on its load: ``ReplicaLoad.row``)."""
         self.ids: list[ReplicaId] = []
-        """Row -> replica id (a replica's own row is on its load: ``ReplicaLoad.row``)."""
+        """Row -> replica id."""
         self.loads: list[ReplicaLoad] = []
         """Row -> its load."""
         self.version: object = None
@@ -69,10 +71,10 @@ class LoadColumns:
                     self._read(row, loads[row])
 
     def _reshape(self) -> None:
-        loads = self.tracker.loads
+        records = self.records = list(self.tracker.replicas)
         self.version = self.tracker.members_version
-        n = len(loads)
-        self.ids, self.loads = list(loads), list(loads.values())
+        n = len(records)
+        self.ids, self.loads = [r.id for r in records], [r.load for r in records]
         self._rates = [()] * n
         self.rates_version += 1
         f8 = np.float64

@@ -55,19 +55,20 @@ class DynamoConfig(PolicyConfig):
                 raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-class ActiveBlocks:
-    """Per worker, the distinct prompt blocks of the requests routed there that are still in flight."""
+class WorkerBlocks:
+    """One worker's active sequences: the distinct prompt blocks of the requests routed there still in flight."""
+
+    __slots__ = ("requests", "blocks")
 
     def __init__(self) -> None:
-        self.requests: dict[ReplicaId, deque[Sequence[int]]] = {}
-        self.blocks: dict[ReplicaId, Counter[int]] = {}
+        self.requests: deque[Sequence[int]] = deque()
+        """The requests' prompt blocks, oldest first."""
+        self.blocks: Counter[int] = Counter()
+        """Block -> the requests holding it."""
 
-    def release(self, replica_id: ReplicaId, in_flight: int) -> None:
-        """Drop the oldest requests held for ``replica_id`` beyond its ``in_flight`` count."""
-        held = self.requests.get(replica_id)
-        if not held:
-            return
-        counts = self.blocks[replica_id]
+    def release(self, in_flight: int) -> None:
+        """Drop the oldest requests held beyond the worker's ``in_flight`` count."""
+        held, counts = self.requests, self.blocks
         while len(held) > in_flight:
             for key in held.popleft():
                 left = counts[key] - 1
@@ -76,16 +77,30 @@ class ActiveBlocks:
                 else:
                     del counts[key]
 
-    def with_request(self, replica_id: ReplicaId, keys: Sequence[int]) -> int:
-        """Active blocks on ``replica_id`` once a request of ``keys`` joins it."""
-        counts = self.blocks.get(replica_id)
+    def with_request(self, keys: Sequence[int]) -> int:
+        """Active blocks once a request of ``keys`` joins."""
+        counts = self.blocks
         if not counts:
             return len(set(keys))
         return len(counts) + sum(1 for k in set(keys) if k not in counts)
 
-    def add(self, replica_id: ReplicaId, keys: Sequence[int]) -> None:
-        self.requests.setdefault(replica_id, deque()).append(keys)
-        self.blocks.setdefault(replica_id, Counter()).update(set(keys))
+    def add(self, keys: Sequence[int]) -> None:
+        self.requests.append(keys)
+        self.blocks.update(set(keys))
+
+
+class ActiveBlocks:
+    """Dynamo's ``ActiveSequences`` of every worker, keyed as that router keys them: by worker id."""
+
+    def __init__(self) -> None:
+        self.workers: dict[ReplicaId, WorkerBlocks] = {}
+
+    def worker(self, replica_id: ReplicaId) -> WorkerBlocks:
+        """``replica_id``'s tracker (made empty on first use)."""
+        found = self.workers.get(replica_id)
+        if found is None:
+            found = self.workers[replica_id] = WorkerBlocks()
+        return found
 
 
 class DynamoPolicy(Policy):
@@ -104,14 +119,15 @@ class DynamoPolicy(Policy):
         c = self.config
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         keys = list(request_keys)
-        out = {}
+        out, worker = {}, self.active.worker
         for rid, load in loads.items():
-            self.active.release(rid, load.in_flight)
+            active = worker(rid)
+            active.release(load.in_flight)
             raw_prefill = (load.pending_prefill_tokens + prompt) / self.block_size
             device = tiers.device.get(rid, 0)
             host_beyond = max(0, tiers.host.get(rid, 0) - device)
             credit = c.overlap_score_credit * device + c.host_cache_hit_weight * host_beyond
-            out[rid] = c.prefill_load_scale * max(0.0, raw_prefill - credit) + self.active.with_request(rid, keys)
+            out[rid] = c.prefill_load_scale * max(0.0, raw_prefill - credit) + active.with_request(keys)
         return out
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
@@ -120,5 +136,5 @@ class DynamoPolicy(Policy):
         costs = self.costs(request_keys, tiers, loads, num_prompt_tokens)
         best = min(costs.values())
         chosen = self.rng.choice([rid for rid, cost in costs.items() if cost == best])
-        self.active.add(chosen, list(request_keys))
+        self.active.worker(chosen).add(list(request_keys))
         return chosen

@@ -81,16 +81,18 @@ def pick_highest(total: Mapping[ReplicaId, float], rng: random.Random) -> Replic
     return rng.choice([rid for rid, score in total.items() if score == best])
 
 
-class RoutedPrefixes:
-    """Per server, an LRU of the prompt blocks this scheduler sent there (keys only)."""
+class ServerPrefixes:
+    """One server's LRU of the prompt blocks this scheduler sent there (keys only)."""
+
+    __slots__ = ("held", "capacity")
 
     def __init__(self, capacity_blocks: int) -> None:
+        self.held: OrderedDict[int, None] = OrderedDict()
         self.capacity = capacity_blocks
-        self.servers: dict[ReplicaId, OrderedDict[int, None]] = {}
 
-    def match(self, replica_id: ReplicaId, keys: Sequence[int]) -> int:
+    def match(self, keys: Sequence[int]) -> int:
         """Leading ``keys`` the server was sent."""
-        held = self.servers.get(replica_id)
+        held = self.held
         if not held:
             return 0
         n = 0
@@ -100,13 +102,28 @@ class RoutedPrefixes:
             n += 1
         return n
 
-    def add(self, replica_id: ReplicaId, keys: Sequence[int]) -> None:
-        held = self.servers.setdefault(replica_id, OrderedDict())
+    def add(self, keys: Sequence[int]) -> None:
+        held = self.held
         for key in keys:
             held[key] = None
             held.move_to_end(key)
         while len(held) > self.capacity:
             held.popitem(last=False)
+
+
+class RoutedPrefixes:
+    """llm-d's approximate prefix index of its own routing, keyed as that scheduler keys it: by server."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity = capacity_blocks
+        self.servers: dict[ReplicaId, ServerPrefixes] = {}
+
+    def server(self, replica_id: ReplicaId) -> ServerPrefixes:
+        """``replica_id``'s LRU (made empty on first use)."""
+        found = self.servers.get(replica_id)
+        if found is None:
+            found = self.servers[replica_id] = ServerPrefixes(self.capacity)
+        return found
 
 
 class LlmdPolicy(Policy):
@@ -126,9 +143,9 @@ class LlmdPolicy(Policy):
         c = self.config
         keys = request_keys[:self.max_blocks]
         queue, kv = queue_scores(loads), kv_cache_scores(loads)
-        total = {}
+        total, server = {}, self.history.server
         for rid in loads:
-            prefix = self.history.match(rid, keys) / len(keys) if keys else 0.0
+            prefix = server(rid).match(keys) / len(keys) if keys else 0.0
             total[rid] = c.prefix_weight * prefix + c.queue_weight * queue[rid] + c.kv_cache_weight * kv[rid]
         return total
 
@@ -136,5 +153,5 @@ class LlmdPolicy(Policy):
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         check_candidates(loads)
         chosen = pick_highest(self.scores(request_keys, loads), self.rng)
-        self.history.add(chosen, request_keys[:self.max_blocks])
+        self.history.server(chosen).add(request_keys[:self.max_blocks])
         return chosen
