@@ -12,8 +12,8 @@ The ghost list keeps the fleet's last ``capacity_blocks`` evictions per replica 
 cache's worth of evictions counts; older ones are forgotten), so memory is bounded by ``capacity_blocks`` hashes per
 replica. Host-tier events (``medium="CPU"``) are not the device caches' and are ignored. A block comes back on another
 replica only where the replicas' external hashes of a block agree (engines hashing with the same seed); else only on
-the replica that evicted it. No peer
-router keeps this: Dynamo and llm-d read the same events only to know what is cached now.
+the replica that evicted it. The router keeps the list only for a policy that prices it (``Policy.tracks_evictions``:
+``cache_aware_tokens`` with ``ghost_weight`` set); else no event pays for it. No peer router keeps this: Dynamo and llm-d read the same events only to know what is cached now.
 """
 
 from __future__ import annotations

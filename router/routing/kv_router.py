@@ -60,7 +60,6 @@ class KVRouter:
         """One record per replica (router/replicas/): its role, health, degraded causes, load, ..."""
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
-        self.ghosts = EvictionGhosts()  # what each replica evicts and what comes back: ReplicaLoad.comeback
         self.loads = LoadTracker(self.replicas)
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate
@@ -71,6 +70,9 @@ class KVRouter:
             policy = get_policy(block_size=block_size)
         self.policy = policy
         self.policy_name = policy.name
+        self.ghosts = EvictionGhosts() if policy.tracks_evictions else None
+        """What each replica evicts and what comes back (``ReplicaLoad.comeback``), kept only for a policy that prices
+        it: None otherwise, and no event pays for it."""
         self.transfers = transfers or KVPlacementRules()
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         policy.use_pulls(pull_priors(self.transfers))
@@ -160,7 +162,8 @@ class KVRouter:
         with self.lock:
             if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
-                self.ghosts.apply(replica.load, events, len(self.replicas))
+                if self.ghosts is not None:
+                    self.ghosts.apply(replica.load, events, len(self.replicas))
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions

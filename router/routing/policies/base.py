@@ -97,6 +97,12 @@ class Policy:
         self.step_tokens = DEFAULT_DECODE_STEP_TOKENS
         """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
 
+    @property
+    def tracks_evictions(self) -> bool:
+        """The policy prices what the replicas evict and whether it comes back (``ReplicaLoad.comeback``): the router
+        keeps its ghost list of evicted blocks only then (router/routing/eviction_ghosts.py)."""
+        return False
+
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
 

@@ -83,6 +83,10 @@ class CacheAwareTokensPolicy(Policy):
         super().__init__(config, block_size, seed)
         self._tie = 0
 
+    @property
+    def tracks_evictions(self) -> bool:
+        return self.config.ghost_weight > 0
+
     def costs(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
               num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
         """Cost of every candidate replica (for metrics and tests)."""
