@@ -70,12 +70,11 @@ class KVRouter:
             policy = get_policy(block_size=block_size)
         self.policy = policy
         self.policy_name = policy.name
-        self.ghosts = EvictionGhosts() if policy.tracks_evictions else None
-        """What each replica evicts and what comes back (``ReplicaLoad.comeback``), kept only for a policy that prices
-        it: None otherwise, and no event pays for it."""
+        self.ghosts = EvictionGhosts() if policy.tracks_evictions else None  # only for a policy pricing comeback
         self.transfers = transfers or KVPlacementRules()
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         policy.use_pulls(pull_priors(self.transfers))
+        self.pullable = policy.prices_pulls and self.transfers.peer_pulls  # match what a pull can move (no predictions)
         policy.use_replicas(self.replicas)
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
@@ -190,7 +189,7 @@ class KVRouter:
             now = time.monotonic()
         num_tokens, excluded, policy = len(token_ids), set(exclude), self.policy
         with self.lock:
-            tiers = self.index.match_tiers(keys, now=now)
+            tiers = self.index.match_tiers(keys, now=now, pullable=self.pullable)
             t2 = _ns()
             loads = self._routable_loads(excluded, pool)
             tiers = tiers.without(self._untrusted(tiers))
@@ -263,9 +262,10 @@ class KVRouter:
     def _plan_pull(self, chosen: ReplicaId, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:
         """A peer pull for the chosen replica (under the lock; router/routing/kv_placement.py)."""
-        rules, bs, matches = self.transfers, self.hasher.block_size, tiers.device
+        rules, bs, device = self.transfers, self.hasher.block_size, tiers.device
+        matches = device if tiers.pullable is None else tiers.pullable  # what a holder can hand over now
         usable = reusable_blocks(num_prompt_tokens, bs)
-        own = min(max(matches.get(chosen, 0), tiers.host.get(chosen, 0)), usable)
+        own = min(max(device.get(chosen, 0), tiers.host.get(chosen, 0)), usable)
         if not rules.peer_pulls or not matches or own >= usable:
             return None
         # a pull's source: healthy, of any role, within the pool (another model's replica holds other KV)

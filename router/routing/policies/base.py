@@ -103,6 +103,12 @@ class Policy:
         keeps its ghost list of evicted blocks only then (router/routing/eviction_ghosts.py)."""
         return False
 
+    @property
+    def prices_pulls(self) -> bool:
+        """The policy prices the peer pulls a candidate would make: the router then matches what a pull can move
+        (``TierMatches.pullable``) and plans pulls from it."""
+        return False
+
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
 
