@@ -1,8 +1,8 @@
 """A peer pull moves what its holder holds now: the blocks its events confirmed, not those the router credited it with
-for a request still queued there (predictions). ``cache_aware_tokens`` with ``price_pulls`` priced a pull of credited
-blocks as if they were there: on an agent's next turn, its replica still queued the previous one, the pull found
-nothing to move and the turn recomputed its whole context elsewhere (``kvmesh sim --workload tool_agent`` with
-25 GB/s pulls: 897 of 1,443 pulls moved nothing, hit rate 55% against 92% unpriced)."""
+for a request still queued there (predictions). Priced as if they were there, an agent's next turn leaves the replica
+still queueing its previous turn to pull a context that is not computed yet: the pull finds nothing to move and the
+turn recomputes its whole context elsewhere (``kvmesh sim --workload tool_agent`` with 25 GB/s pulls and
+``price_pulls``, arrival seed 0: 897 of 1,443 pulls would move nothing)."""
 
 from __future__ import annotations
 
