@@ -267,12 +267,12 @@ class PrefixIndex:
             return self._match_slots(keys, now)
         return self.match_tiers(keys, now).device  # type: ignore[return-value]  # match_tiers makes dicts
 
-    def match_tiers(self, keys: Sequence[int], now: float | None = None) -> TierMatches:
+    def match_tiers(self, keys: Sequence[int], now: float | None = None, pullable: bool = False) -> TierMatches:
         """``match`` per tier: the GPU pools' (predictions included) and the host tiers' (empty without any), from
-        one walk of the masks."""
+        one walk of the masks; with ``pullable``, the GPU pools' without predictions too (``TierMatches.pullable``)."""
         held = self._match_slots(keys, now)
         if not self.host_tiers:
-            return TierMatches(held, {})
+            return TierMatches(held, {}, self.predictions.real(keys, held, self._replicas) if pullable else None)
         device: dict[ReplicaId, int] = {}
         host: dict[ReplicaId, int] = {}
         for owner, blocks in held.items():
@@ -280,7 +280,7 @@ class PrefixIndex:
                 host[owner.replica_id] = blocks
             else:
                 device[owner] = blocks
-        return TierMatches(device, host)
+        return TierMatches(device, host, self.predictions.real(keys, device, self._replicas) if pullable else None)
 
     def _match_slots(self, keys: Sequence[int], now: float | None) -> dict:
         """Per slot's owner (a replica's id, or its ``HostTierSlot``), the leading blocks of ``keys`` it holds."""

@@ -44,7 +44,6 @@ from kvmesh.router.routing.tier_matches import TierMatches
 _ns = time.perf_counter_ns
 
 
-
 class KVRouter:
     """Index + loads + health + policy: decides where each request goes."""
 
@@ -61,7 +60,6 @@ class KVRouter:
         """One record per replica (router/replicas/): its role, health, degraded causes, load, ..."""
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
-        self.ghosts = EvictionGhosts()  # what each replica evicts and what comes back: ReplicaLoad.comeback
         self.loads = LoadTracker(self.replicas)
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate
@@ -72,9 +70,11 @@ class KVRouter:
             policy = get_policy(block_size=block_size)
         self.policy = policy
         self.policy_name = policy.name
+        self.ghosts = EvictionGhosts() if policy.tracks_evictions else None  # only for a policy pricing comeback
         self.transfers = transfers or KVPlacementRules()
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         policy.use_pulls(pull_priors(self.transfers))
+        self.pullable = policy.prices_pulls and self.transfers.peer_pulls  # match what a pull can move (no predictions)
         policy.use_replicas(self.replicas)
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
@@ -160,7 +160,8 @@ class KVRouter:
         with self.lock:
             if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
-                self.ghosts.apply(replica.load, events, len(self.replicas))
+                if self.ghosts is not None:
+                    self.ghosts.apply(replica.load, events, len(self.replicas))
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions
@@ -187,7 +188,7 @@ class KVRouter:
             now = time.monotonic()
         num_tokens, excluded, policy = len(token_ids), set(exclude), self.policy
         with self.lock:
-            tiers = self.index.match_tiers(keys, now=now)
+            tiers = self.index.match_tiers(keys, now=now, pullable=self.pullable)
             t2 = _ns()
             loads = self._routable_loads(excluded, pool)
             tiers = tiers.without(self._untrusted(tiers))
@@ -260,15 +261,15 @@ class KVRouter:
     def _plan_pull(self, chosen: Replica, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:
         """A peer pull for the chosen replica (under the lock; router/routing/kv_placement.py)."""
-        rules, bs, matches = self.transfers, self.hasher.block_size, tiers.device
+        rules, bs, device = self.transfers, self.hasher.block_size, tiers.device
+        matches = device if tiers.pullable is None else tiers.pullable  # what a holder can hand over now
         usable = reusable_blocks(num_prompt_tokens, bs)
-        own = min(max(matches.get(chosen.id, 0), tiers.host.get(chosen.id, 0)), usable)
+        own = min(max(device.get(chosen.id, 0), tiers.host.get(chosen.id, 0)), usable)
         if not rules.peer_pulls or not matches or own >= usable:
             return None
         # a pull's source: healthy, of any role, within the pool (another model's replica holds other KV)
         holder_id, held = pull_source(chosen, own, matches, self.replicas.healthy_within(excluded, pool), usable)
-        holder = self.replicas.get(holder_id) if holder_id is not None else None  # the index names it by id
-        if holder is None:
+        if holder_id is None or (holder := self.replicas.get(holder_id)) is None:  # the index names it by id
             return None
         columns = self.columns  # synced by route, but for a small fleet
         fleet = (FleetRates.of([r.load for r in self.replicas.records()]) if len(columns.ids) < routable.COLUMNS_FROM

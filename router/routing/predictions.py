@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import and_, or_
 
@@ -60,6 +60,21 @@ class Predictions:
         if added:
             self.queue.append((now + self.ttl_s, bit, added))
         return len(added)
+
+    def real(self, keys: Sequence[int], matches: Mapping, replicas: Mapping) -> dict:
+        """``matches`` (replica id -> leading blocks of ``keys``, predictions included) cut at each replica's first
+        block only predicted: what it holds for real, what a peer can pull from it now (``replicas``: id -> its
+        record with its ``bit``)."""
+        predicted = self.predicted
+        if not predicted:
+            return dict(matches)
+        out = {}
+        for rid, held in matches.items():
+            bit, n = replicas[rid].bit, 0
+            while n < held and not predicted.get(keys[n], 0) & bit:
+                n += 1
+            out[rid] = n
+        return out
 
     def confirm(self, key: int, bit: int) -> None:
         """A real BlockStored arrived for a predicted block: the bit stays, as a real one."""

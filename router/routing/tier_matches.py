@@ -25,13 +25,19 @@ class TierMatches:
     """Replica id -> leading blocks of the prompt in its GPU pool (predictions included)."""
     host: Matches = field(default_factory=dict)
     """Replica id -> leading blocks of the prompt in its host-memory tier; empty without tiers."""
+    pullable: Matches | None = None
+    """``device`` without predictions: the blocks events confirmed, what a peer pull can move now (a block credited
+    to a replica for a request still queued there is not there yet); None: not asked for (the router asks when its
+    policy prices pulls, ``Policy.prices_pulls``)."""
 
     def without(self, replica_ids: Collection[ReplicaId]) -> TierMatches:
         """The same matches less those of ``replica_ids`` (degraded replicas: routed by load only)."""
         if not replica_ids:
             return self
         return TierMatches({r: m for r, m in self.device.items() if r not in replica_ids},
-                           {r: m for r, m in self.host.items() if r not in replica_ids})
+                           {r: m for r, m in self.host.items() if r not in replica_ids},
+                           None if self.pullable is None else
+                           {r: m for r, m in self.pullable.items() if r not in replica_ids})
 
     def either(self) -> dict[ReplicaId, int]:
         """Per replica, the leading blocks it holds in either tier (a host-tier block past the device prefix is a

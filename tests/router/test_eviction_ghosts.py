@@ -67,7 +67,7 @@ def test_a_block_one_replica_evicted_comes_back_on_another():
 
 
 def test_the_router_keeps_comeback_on_the_replicas_load():
-    router = KVRouter(block_size=BS)
+    router = KVRouter(block_size=BS, policy=_policy(ghost_weight=1.0))
     router.add_replica("a")
     router.apply_events("a", [stored(TOKENS, BS), removed(TOKENS, BS, [3]), stored(TOKENS, BS, 3, 1)])
     load = router.replicas.get("a").load
@@ -75,6 +75,19 @@ def test_the_router_keeps_comeback_on_the_replicas_load():
     assert (load.stored_blocks, load.came_back_blocks) == (5, 1)
     router.apply_events("gone", [BlockRemoved(block_hashes=[1], medium="GPU")])  # unknown replica: ignored
     assert router.ghosts.num_ghosts == 0
+
+
+@pytest.mark.parametrize("knobs", [{}, {"price_pulls": True}])
+def test_a_policy_that_prices_no_eviction_keeps_no_ghosts(knobs):
+    """With ``ghost_weight`` 0 (the default, pulls priced or not) the router keeps no ghost list and no comeback: the
+    events pay nothing for an option that is off."""
+    router = KVRouter(block_size=BS, policy=_policy(**knobs))
+    router.add_replica("a")
+    router.apply_events("a", [stored(TOKENS, BS), removed(TOKENS, BS, [3]), stored(TOKENS, BS, 3, 1)])
+    load = router.replicas.get("a").load
+    assert router.ghosts is None
+    assert (load.comeback, load.stored_blocks, load.came_back_blocks) == (0.0, 0, 0)
+    assert router.index.num_blocks("a") == 4  # the index still applied them
 
 
 def _policy(**knobs):

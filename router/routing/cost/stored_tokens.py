@@ -9,7 +9,7 @@ For a candidate holding ``own`` leading blocks of a prompt of ``prompt`` tokens:
     damage   = ghost_weight * comeback * duplicated               duplicated: tokens it stores that another holds
 
 ``pulled_blocks``: when pulls are priced (``PullPriors`` enabled) and the best device holder among the candidates
-holds more leading blocks than the candidate, both report KV transfer on and the pull costs fewer seconds than
+holds (for real: ``TierMatches.pullable``, not blocks credited to it for a request still queued there) more leading blocks than the candidate, both report KV transfer on and the pull costs fewer seconds than
 computing those tokens (pull.py, estimate.py's prefill rate), the candidate pulls the difference, as ``KVRouter``
 then plans it (kv_placement.py). ``comeback`` (``ReplicaLoad.comeback``, router/routing/eviction_ghosts.py) is the
 share of the blocks a replica stored lately that it had evicted before, and ``comeback`` here its mean over the
@@ -48,9 +48,11 @@ class StoredTokens:
 
 
 def stored_tokens(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[ReplicaId, ReplicaLoad],
-                  block_size: int, pulls: PullPriors | None, ghost_weight: float) -> dict[ReplicaId, StoredTokens]:
-    """Every candidate's ``StoredTokens`` (``matches``: leading device blocks each holds)."""
-    holder, best = _holder(prompt, matches, loads, block_size, pulls)
+                  block_size: int, pulls: PullPriors | None, ghost_weight: float,
+                  pullable: Mapping[ReplicaId, int] | None = None) -> dict[ReplicaId, StoredTokens]:
+    """Every candidate's ``StoredTokens`` (``matches``: leading device blocks each holds; ``pullable``: of them, those
+    events confirmed, which a pull can move now; None: all of ``matches``)."""
+    holder, best = _holder(prompt, matches if pullable is None else pullable, loads, block_size, pulls)
     fleet = FleetRates.of(loads.values()) if holder is not None else None
     held = min(max((m for rid, m in matches.items() if rid in loads), default=0), reusable_blocks(prompt, block_size))
     comeback = ghost_weight * sum(load.comeback for load in loads.values()) / len(loads) if ghost_weight else 0.0

@@ -97,6 +97,18 @@ class Policy:
         self.step_tokens = DEFAULT_DECODE_STEP_TOKENS
         """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
 
+    @property
+    def tracks_evictions(self) -> bool:
+        """The policy prices what the replicas evict and whether it comes back (``ReplicaLoad.comeback``): the router
+        keeps its ghost list of evicted blocks only then (router/routing/eviction_ghosts.py)."""
+        return False
+
+    @property
+    def prices_pulls(self) -> bool:
+        """The policy prices the peer pulls a candidate would make: the router then matches what a pull can move
+        (``TierMatches.pullable``) and plans pulls from it."""
+        return False
+
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
 

@@ -83,14 +83,22 @@ class CacheAwareTokensPolicy(Policy):
         super().__init__(config, block_size, seed)
         self._tie = 0
 
+    @property
+    def tracks_evictions(self) -> bool:
+        return self.config.ghost_weight > 0
+
+    @property
+    def prices_pulls(self) -> bool:
+        return self.config.price_pulls
+
     def costs(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
-              num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
-        """Cost of every candidate replica (for metrics and tests)."""
+              num_prompt_tokens: int | None = None, pullable: Matches | None = None) -> dict[ReplicaId, float]:
+        """Cost of every candidate replica (for metrics and tests; ``pullable``: ``TierMatches.pullable``)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, get = self.block_size, self.config.decode_weight, matches.get
         churn = self._churn_factor(loads)
         if self._prices_stored(loads):
-            return self._stored_costs(prompt, matches, loads, churn)
+            return self._stored_costs(prompt, matches, loads, churn, pullable)
         out = {}
         for rid, load in loads.items():
             uncached: float = prompt - bs * get(rid, 0)
@@ -108,12 +116,13 @@ class CacheAwareTokensPolicy(Policy):
         return bool((c.ghost_weight and any(load.comeback for load in loads.values()))
                     or (c.price_pulls and pulls_possible(self.pulls, loads)))
 
-    def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float) -> dict[ReplicaId, float]:
+    def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float,
+                      pullable: Matches | None = None) -> dict[ReplicaId, float]:
         """``costs`` with the new tokens priced by cost/stored_tokens.py: pulled ones at the pull's share, plus the
         eviction damage of storing them."""
         c = self.config
         stored = stored_tokens(prompt, matches, loads, self.block_size, self.pulls if c.price_pulls else None,
-                               c.ghost_weight)
+                               c.ghost_weight, pullable)
         out = {}
         for rid, load in loads.items():
             s, backlog = stored[rid], load.prefill_backlog
@@ -158,7 +167,8 @@ class CacheAwareTokensPolicy(Policy):
         return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
 
     def ttft_s(self, request_keys: Sequence[int], matches: Matches, host_matches: Matches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> dict[ReplicaId, float]:
+               num_prompt_tokens: int | None = None, lora_name: str | None = None,
+               pullable: Matches | None = None) -> dict[ReplicaId, float]:
         """Estimated seconds to first token on every candidate (see "Tiers, in seconds" above), with the load of
         ``lora_name`` where it is not resident (``cost.estimate.adapter_s``)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
@@ -166,7 +176,7 @@ class CacheAwareTokensPolicy(Policy):
         device, host = matches.get, host_matches.get
         extra = {rid: max(0, min(host(rid, 0), usable) - device(rid, 0)) for rid in loads}
         either = {rid: device(rid, 0) + extra[rid] for rid in loads}
-        costs = self.costs(request_keys, either, loads, prompt)
+        costs = self.costs(request_keys, either, loads, prompt, pullable)
         rates = [load.prefill_tokens_per_s for load in loads.values() if load.prefill_tokens_per_s]
         mean_rate = sum(rates) / len(rates) if rates else None
         if mean_rate is None:
@@ -181,9 +191,9 @@ class CacheAwareTokensPolicy(Policy):
         check_candidates(loads)
         c, matches, host_matches = self.config, tiers.device, tiers.host
         if host_matches or c.temperature > 0 or self._prices_adapter(lora_name, loads) or self._prices_stored(loads):
-            costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens, lora_name)
+            costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens, lora_name, tiers.pullable)
                      if host_matches or lora_name is not None
-                     else self.costs(request_keys, matches, loads, num_prompt_tokens))
+                     else self.costs(request_keys, matches, loads, num_prompt_tokens, tiers.pullable))
             best = min(costs.values())
             if c.temperature <= 0:
                 ties = [rid for rid, cost in costs.items() if cost == best]
