@@ -61,16 +61,16 @@ class Predictions:
             self.queue.append((now + self.ttl_s, bit, added))
         return len(added)
 
-    def real(self, keys: Sequence[int], matches: Mapping, replicas: Mapping) -> dict:
+    def real(self, keys: Sequence[int], matches: Mapping, entries: Mapping) -> dict:
         """``matches`` (replica id -> leading blocks of ``keys``, predictions included) cut at each replica's first
-        block only predicted: what it holds for real, what a peer can pull from it now (``replicas``: id -> its
-        record with its ``bit``)."""
+        block only predicted: what it holds for real, what a peer can pull from it now (``entries``: the index's
+        entry per replica id, with its ``bit``)."""
         predicted = self.predicted
         if not predicted:
             return dict(matches)
         out = {}
         for rid, held in matches.items():
-            bit, n = replicas[rid].bit, 0
+            bit, n = entries[rid].bit, 0
             while n < held and not predicted.get(keys[n], 0) & bit:
                 n += 1
             out[rid] = n
