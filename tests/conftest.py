@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .file_order import load_seconds, longest_first
+from .signal_guard import signal_dispositions_kept, started_ignoring  # noqa: F401 (the fixture: autouse)
 from .tiers import mark_tiers, tier_guard  # noqa: F401 (tier_guard: an autouse fixture, registered by its import)
 
 
@@ -68,6 +69,8 @@ RAY_MISSING = "needs Ray, which is not installed (the engine extra: pip install 
 # Logical CPUs for the session's Ray instance: more than the machine's cores is fine,
 # actors here are mostly idle; it must fit 2 replicas x TP 2 plus the router.
 RAY_NUM_CPUS = 8
+INHERITED_IGNORED = pytest.StashKey[set]()
+"""The signals pytest was started with ignored (tests/signal_guard.py)."""
 
 
 @pytest.fixture(scope="session")
@@ -122,6 +125,13 @@ def chosen_test_device() -> str:
 def pytest_configure(config):
     chosen_test_device()  # a typo is a usage error, with the values that work
     hide_gpus_when_asked()
+    config.stash[INHERITED_IGNORED] = started_ignoring()  # test processes (xdist's too) start from this one
+
+
+def pytest_report_header(config):
+    if ignored := config.stash.get(INHERITED_IGNORED, set()):
+        return f"started with {', '.join(sig.name for sig in sorted(ignored))} ignored: given the default action back"
+    return None
 
 
 def pytest_unconfigure(config):

@@ -29,14 +29,26 @@ def load_seconds(path: Path = SECONDS) -> dict[str, float]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+SHARED_STARTS = ("kv_cluster",)
+"""Fixtures whose clusters test files share when one runs right after another in a process
+(tests/security/conftest.py): the files that use one follow the longest of them."""
+
+
 def longest_first(items: list, seconds: dict[str, float]) -> list:
-    """``items`` grouped by file, the files in descending seconds (ties and unknown files keep their order)."""
+    """``items`` grouped by file, the files in descending seconds (ties and unknown files keep their order), those
+    that use a fixture of ``SHARED_STARTS`` right after the first of them."""
     by_file: dict[str, list] = {}
     for item in items:
         by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
     default = statistics.median(seconds.values()) if seconds else 0.0
     files = sorted(by_file, key=lambda f: -seconds.get(f, default))  # sorted() is stable
-    return [item for f in files for item in by_file[f]]
+    sharing = {f: next((name for name in SHARED_STARTS
+                        if any(name in getattr(item, "fixturenames", ()) for item in by_file[f])), None) for f in files}
+    ordered: list[str] = []
+    for f in files:
+        if f not in ordered:
+            ordered += [f] if sharing[f] is None else [g for g in files if sharing[g] == sharing[f]]
+    return [item for f in ordered for item in by_file[f]]
 
 
 def seconds_from_junit(xml: str) -> dict[str, float]:

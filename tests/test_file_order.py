@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass
 class Item:
     nodeid: str
+    fixturenames: tuple[str, ...] = ()
 
 
 def test_files_are_ordered_by_their_seconds_whole_and_in_their_own_order():
@@ -23,6 +24,15 @@ def test_files_are_ordered_by_their_seconds_whole_and_in_their_own_order():
         "tests/b.py::x", "tests/b.py::y", "tests/c.py::x", "tests/new.py::x", "tests/a.py::x", "tests/a.py::y"]
     assert [i.nodeid for i in longest_first(items, {})] == [  # no seconds: files as collected, grouped
         "tests/a.py::x", "tests/a.py::y", "tests/b.py::x", "tests/b.py::y", "tests/c.py::x", "tests/new.py::x"]
+
+
+def test_files_that_share_a_cluster_follow_the_longest_of_them():
+    shared = ("kv_cluster",)
+    items = [Item("tests/a.py::x"), Item("tests/s1.py::x", shared), Item("tests/b.py::x"),
+             Item("tests/s2.py::x", ("tmp_path", *shared)), Item("tests/c.py::x")]
+    seconds = {"tests/a.py": 50.0, "tests/s1.py": 40.0, "tests/b.py": 30.0, "tests/s2.py": 20.0, "tests/c.py": 10.0}
+    assert [i.nodeid for i in longest_first(items, seconds)] == [
+        "tests/a.py::x", "tests/s1.py::x", "tests/s2.py::x", "tests/b.py::x", "tests/c.py::x"]
 
 
 def test_a_junit_report_gives_each_files_seconds(tmp_path):

@@ -58,17 +58,37 @@ def _start_serve(stories_path: Path, tmp_path: Path) -> tuple[str, subprocess.Po
     return run, proc
 
 
-@pytest.mark.parametrize("after_s", [1, 5, 15])
-def test_ctrl_c_during_start_up_leaves_no_process(after_s, stories_path, tmp_path):
+STAGES = {"imports": None, "ray": "starting a local Ray instance", "placing": "placing 1 replica(s)"}
+"""Moments of start-up a Ctrl-C lands in: before serve prints anything (its imports, 1 s in), as Ray starts, as
+the replica is placed and loads (each the moment serve reports it, on a fast machine or a loaded one)."""
+
+
+def _until_line(proc: subprocess.Popen, text: str) -> str:
+    """serve's output up to and including the first line with ``text`` (all of it, if serve ended before)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line:
+            break
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_ctrl_c_during_start_up_leaves_no_process(stage, stories_path, tmp_path):
     run, proc = _start_serve(stories_path, tmp_path)
     try:
-        time.sleep(after_s)  # the moment under test: Ctrl-C after_s seconds into start-up, whatever it is doing
+        head = ""
+        if STAGES[stage] is None:
+            time.sleep(1)  # the moment under test: Ctrl-C 1 s in, before serve printed a line
+        else:
+            head = _until_line(proc, STAGES[stage])
+            assert proc.poll() is None, head[-3000:]
         os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        out = head + proc.communicate(timeout=60)[0]
         deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
         while (left := _processes_of(run)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not left, (f"Ctrl-C {after_s}s into start-up left: "
+        assert not left, (f"Ctrl-C at start-up's {stage} left: "
                           + "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left) + "\n" + out[-2000:])
         # Python itself prints an interrupt that lands in an os.fork hook ("Exception ignored in"); no other
         assert out.count("Traceback (most recent call last)") <= out.count("Exception ignored in"), out[-3000:]
@@ -88,14 +108,10 @@ def test_sigterm_to_serve_alone_during_start_up_stops_it_cleanly(after_s, storie
     143, within the time bound, nothing left behind (Ray's own SIGTERM handler does not take over)."""
     run, proc = _start_serve(stories_path, tmp_path)
     try:
-        lines = []
-        for line in proc.stdout:  # until Ray begins to start (or serve ends)
-            lines.append(line)
-            if "starting a local Ray instance" in line:
-                break
+        head = _until_line(proc, STAGES["ray"])  # until Ray begins to start (or serve ends)
         time.sleep(after_s)
         proc.send_signal(signal.SIGTERM)
-        out = "".join(lines) + proc.communicate(timeout=45)[0]
+        out = head + proc.communicate(timeout=45)[0]
         deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
         while (left := _processes_of(run)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -120,19 +136,15 @@ def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(signum,
     session, are stopped by serve; when they got the signal as well, serve no longer waits for their GCS)."""
     run, proc = _start_serve(stories_path, tmp_path)
     try:
-        lines = []
-        for line in proc.stdout:  # until serve is ready (or ends)
-            lines.append(line)
-            if "kvmesh is ready" in line:
-                break
-        assert proc.poll() is None, "".join(lines)[-3000:]
+        head = _until_line(proc, "kvmesh is ready")
+        assert proc.poll() is None, head[-3000:]
         if whom == "group":
             os.killpg(proc.pid, signum)
         else:
             for each in _processes_of(run):
                 with contextlib.suppress(psutil.Error):
                     each.send_signal(signum)
-        out = "".join(lines) + proc.communicate(timeout=60)[0]  # before: Ray ended serve after 60 s
+        out = head + proc.communicate(timeout=60)[0]  # before: Ray ended serve after 60 s
         assert "Failed to connect to GCS" not in out, out[-3000:]
         assert out.rstrip().endswith("kvmesh: stopped") and proc.returncode == code, (proc.returncode, out[-3000:])
         deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped

@@ -3,7 +3,8 @@
 ``kv_cluster`` is one ``kvmesh serve`` of stories260K on the session's Ray: a prefill and a decode replica, KV
 transfer on both (splits, and the same /kv routes and ``kv_transfer_params`` a peer pull uses), with a small
 KV pool (so pinning it is quick). It is parametrized over the router's ``api_key`` (``open``: none;
-``api_key``: tenants need one) and session-scoped, so every test module shares the two clusters, one at a time.
+``api_key``: tenants need one); each is started once and kept while the test files that follow use one, so files run
+one after another share the two clusters (tests/file_order.py hands them out together).
 
 ``record(attack, **numbers)`` keeps what an attack achieved before the test asserts it was refused: with
 ``KVMESH_SECURITY_RECORD=<file>`` each is appended to it as a JSON line (how the "before" numbers of the
@@ -35,19 +36,52 @@ def nixl():
         pytest.skip(why)
 
 
-@pytest.fixture(scope="session", params=["open", "api_key"])
+ALIVE: dict[str, KVCluster] = {}
+"""The clusters started for ``kv_cluster`` by parameter, kept while the process runs test files that use one."""
+KV_CLUSTER_FILES = pytest.StashKey[set]()
+"""The session's test files that use ``kv_cluster``."""
+
+
+@pytest.fixture(scope="module", params=["open", "api_key"])
 def kv_cluster(request, stories_path, nixl, ray_session, tmp_path_factory):
-    """See the module doc; one cluster alive at a time (pytest orders the tests by this parameter)."""
-    api_key = secrets.token_urlsafe(16) if request.param == "api_key" else None
+    """See the module doc: the parameter's cluster, started on first use and kept while the tests this process
+    runs next are in files that use one (``pytest_runtest_teardown`` stops them), so such files that follow each other
+    share both."""
+    if request.param not in ALIVE:
+        ALIVE[request.param] = _start_kv_cluster(request.param, stories_path, tmp_path_factory)
+    return ALIVE[request.param]
+
+
+def _start_kv_cluster(param: str, stories_path, tmp_path_factory) -> KVCluster:
+    api_key = secrets.token_urlsafe(16) if param == "api_key" else None
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)  # stories260K ships none; the chat tests need one
     serve = start_cluster(
-        stories_path, tmp_path_factory, f"sec-{request.param}",
+        stories_path, tmp_path_factory, f"sec-{param}",
         engine={"model": str(stories_path), "kv_cache_memory": KV_POOL, "max_num_batched_tokens": 512},
         replicas={"num_replicas": 1, "num_prefill_replicas": 1},
         router={"api_key": api_key} if api_key else {}, frontend={"chat_template": str(template)})
-    yield KVCluster(serve, api_key)
-    serve.stop()
+    return KVCluster(serve, api_key)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the session's fixtures (its Ray) are torn down after the last test
+def pytest_runtest_teardown(item, nextitem):
+    """Stops the ``kv_cluster`` clusters once the next test of this process is in a file that uses none (or none
+    follows)."""
+    if nextitem is not None and _file(nextitem) in _files_using_kv_cluster(item.session):
+        return
+    while ALIVE:
+        ALIVE.popitem()[1].serve.stop()
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _files_using_kv_cluster(session) -> set[str]:
+    if KV_CLUSTER_FILES not in session.stash:
+        session.stash[KV_CLUSTER_FILES] = {_file(i) for i in session.items if "kv_cluster" in i.fixturenames}
+    return session.stash[KV_CLUSTER_FILES]
 
 
 @pytest.fixture(scope="session")
