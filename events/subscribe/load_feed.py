@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 MAX_LOAD_FRAME_BYTES = 1 << 20
 """Largest frame a load DEALER accepts (an update is ~100 bytes plus ~40 per router id; ZeroMQ drops bigger)."""
 _NOBLOCK = int(zmq.NOBLOCK)
+_IDLE_WAIT_S = 0.1
+"""How long a feed with no source waits for one before looking at ``close`` again."""
 
 
 class LoadFeed:
@@ -73,20 +75,22 @@ class LoadFeed:
         poller = zmq.Poller()
         try:
             while not self._stop:
-                self._take_calls(poller)
+                self._take_calls(poller, 0.0 if self._dealers else _IDLE_WAIT_S)
                 self._renew()
-                for sock, _ in poller.poll(100):
+                for sock, _ in poller.poll(100) if self._dealers else ():  # zmq polls no socket at once
                     self._read(sock)
         finally:
             for sock in self._dealers.values():
                 sock.close(linger=0)
 
-    def _take_calls(self, poller: zmq.Poller) -> None:
+    def _take_calls(self, poller: zmq.Poller, wait_s: float) -> None:
+        """Apply the pending ``add_source``/``remove_source`` calls, waiting up to ``wait_s`` for the first."""
         while True:
             try:
-                name, endpoint, server_key = self._calls.get_nowait()
+                name, endpoint, server_key = self._calls.get(timeout=wait_s) if wait_s else self._calls.get_nowait()
             except queue.Empty:
                 return
+            wait_s = 0.0
             old = self._dealers.pop(name, None)
             if old is not None:
                 poller.unregister(old)

@@ -130,3 +130,22 @@ def test_a_private_streams_load_reaches_only_the_router_with_its_key():
         with_key.close()
         without_key.close()
         pub.close()
+
+
+def test_a_feed_with_no_source_waits_for_one_instead_of_spinning():
+    pub = make_publisher()
+    loads = _Loads()
+    feed = LoadFeed(lambda name, u: loads.got.append(u), loads.absent.append)
+    turns = []
+    renew = feed._renew
+    feed._renew = lambda: (turns.append(1), renew())[1]
+    feed.start()
+    try:
+        time.sleep(0.5)
+        assert len(turns) <= 10  # one turn per wait for a call, not a busy loop (zmq polls no socket at once)
+        pub.publish_load(_update(7))
+        feed.add_source("r0", pub.replay_endpoint)
+        assert wait_for(lambda: loads.got and loads.got[-1].seq == 7)  # a source added meanwhile is taken at once
+    finally:
+        feed.close()
+        pub.close()

@@ -48,7 +48,8 @@ def _setup():
     for rid in ("r0", "r1"):
         runtime.router.add_replica(rid)
     bodies = {w: [b.encode() for b in items] for w, items in workloads(load_tokenizer(STORIES)).items()}
-    return Forwarder(runtime.plane), bodies
+    plane = runtime.plane if hasattr(runtime, "plane") else runtime  # a --tree from before the data plane object
+    return Forwarder(plane), bodies
 
 
 async def _one(fwd, raw: bytes, chat: bool):
