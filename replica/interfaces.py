@@ -98,6 +98,11 @@ class ModelRunnerInterface(Protocol):
         the first); ``([], None)`` without LoRA. Read from any thread (a racy snapshot)."""
         ...
 
+    def lora_load_seconds(self) -> float:
+        """Seconds spent so far writing adapters into device slots (0.0 without LoRA, or where a step's loads are not
+        known in this process). The engine leaves them out of its step times: a load is priced apart."""
+        ...
+
     def shutdown(self) -> None:
         """Releases what the runner holds (worker actors, placement group)."""
         ...

@@ -43,6 +43,8 @@ class LaunchedStep:
     token. None for a synchronous step, whose tokens are read before anything can change."""
     launched_at: float = 0.0
     """``time.monotonic()`` when the step was launched (the engine's prefill rate: launch to tokens read)."""
+    adapter_load_s: float = 0.0
+    """Seconds its launch spent writing LoRA adapters into device slots (not the step's compute: priced apart)."""
 
     def sampled(self, requests: dict[str, Request]) -> ModelRunnerOutput:
         """``{request_id: token}`` of the requests still live as they were at launch (waits, if async)."""

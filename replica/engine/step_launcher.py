@@ -2,8 +2,11 @@
 
     launch(sched) ── execute_model, or execute_model_async (async_scheduling.py) ──▶ LaunchedStep
     ready(launched) ── the step whose tokens are read now: this one, or (async) the one launched before it
-    read(step) ──▶ {request_id: token}; launch to read taught to PrefillRate (prompt tokens ran) or
-                   DecodeStepTime (decode only)
+    read(step) ──▶ {request_id: token}; launch to read, less the launch's adapter slot loads, taught to
+                   PrefillRate (prompt tokens ran) or DecodeStepTime (decode only)
+
+An adapter's load into a slot is left out of the step's time: ``/load`` reports it apart (``lora.load_bytes_per_s``)
+and the router prices it apart, so a replica that just swapped adapters does not look slower at prefill than it is.
 
 Errors are the engine's to handle (it fails the step's requests and serves on).
 """
@@ -41,16 +44,18 @@ class StepLauncher:
 
     def launch(self, sched: SchedulerOutput, requests: dict[str, Request]) -> LaunchedStep:
         """Run the step (async scheduling: launch it, placeholders for its tokens on ``requests``)."""
-        start = time.monotonic()
+        runner = self.model_runner
+        start, loads_s = time.monotonic(), runner.lora_load_seconds()
         if self.async_scheduling:
-            runner: AsyncModelRunner = self.model_runner  # use_async_scheduling saw it launch steps
-            launched = LaunchedStep(sched, runner.execute_model_async(sched),
-                                    {rid: requests[rid] for rid in sched.request_ids()}, start)
+            async_runner: AsyncModelRunner = runner  # use_async_scheduling saw it launch steps
+            output = async_runner.execute_model_async(sched)
+            step_requests = {rid: requests[rid] for rid in sched.request_ids()}
             add_placeholders(requests, sched)
         else:
-            launched = LaunchedStep(sched, self.model_runner.execute_model(sched), None, start)
+            output, step_requests = runner.execute_model(sched), None
+        loads_s = runner.lora_load_seconds() - loads_s  # slots are written at launch, before the forward
         self.stats.record_step(sched.num_batched_tokens)
-        return launched
+        return LaunchedStep(sched, output, step_requests, start, loads_s)
 
     def ready(self, launched: LaunchedStep | None) -> LaunchedStep | None:
         """The step whose tokens are read now: ``launched`` itself, or with async scheduling the one before it."""
@@ -62,9 +67,9 @@ class StepLauncher:
     def read(self, step: LaunchedStep, requests: dict[str, Request]) -> dict[str, int]:
         """The step's sampled tokens (waits for them); its time taught to the rate it measures."""
         sampled = step.sampled(requests)
+        seconds = time.monotonic() - step.launched_at - step.adapter_load_s
         if step.sched.scheduled:  # prompt tokens ran in it: launch to tokens read is its time
-            self.prefill_rate.record(step.sched.num_batched_tokens, time.monotonic() - step.launched_at)
+            self.prefill_rate.record(step.sched.num_batched_tokens, seconds)
         elif step.sched.decode_request_ids:  # decode only: the step-time model's sample (no device sync)
-            self.decode_step_time.record_step(requests, step.sched.decode_request_ids,
-                                              time.monotonic() - step.launched_at)
+            self.decode_step_time.record_step(requests, step.sched.decode_request_ids, seconds)
         return sampled

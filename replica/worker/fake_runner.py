@@ -101,6 +101,9 @@ class FakeModelRunner:
     def lora_residency(self) -> tuple[list[str], float | None]:
         return [], None
 
+    def lora_load_seconds(self) -> float:
+        return 0.0
+
     def check_health(self, timeout_s: float = 10.0) -> str | None:
         return self.dead_reason
 

@@ -285,6 +285,9 @@ class ModelRunner:
         """Adapters in a device slot, and the measured bytes per second of loads into one (None before any)."""
         return ([], None) if self.lora is None else (self.lora.resident, self.lora.load_bytes_per_s)
 
+    def lora_load_seconds(self) -> float:
+        return 0.0 if self.lora is None else self.lora.load_seconds
+
     # -- the rest of ModelRunnerInterface: one process, no TP group that could break --------------
     dead_reason: str | None = None
 

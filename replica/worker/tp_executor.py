@@ -149,6 +149,11 @@ class RayTPExecutor:
         except Exception:  # noqa: BLE001 - a slow or gone rank: /load reports no residency rather than hang
             return [], None
 
+    def lora_load_seconds(self) -> float:
+        """0.0: the ranks' slot loads are not read per step (a call to rank 0 each step), so a TP step's time keeps
+        them."""
+        return 0.0
+
     def check_health(self, timeout_s: float = 10.0) -> str | None:
         """None when every rank answers, else why not (and the executor is marked dead)."""
         import ray

@@ -170,6 +170,9 @@ class RouterModels:
         if served is None or replica.removed or replica.spec is not spec:
             return
         self.catalog.set_served(replica, served)
+        lora = replica.load.lora  # its last /load's adapters and their identities, which /v1/models does not carry:
+        if lora is not None and lora.enabled:  # without them its adapters' requests match none of its blocks
+            self.catalog.set_adapters(replica, lora.adapters, lora.identities)
         await self._frontend_ready(served, info)
 
     def on_load(self, replica: Replica, report: LoadReport) -> None:

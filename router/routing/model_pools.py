@@ -82,11 +82,16 @@ class ModelCatalog:
 
     # ---------------------------------------------------------------- reports
     def set_served(self, replica: Replica, served: ServedModels) -> None:
-        """What ``replica`` serves now (its ``/v1/models``; a replica removed meanwhile: nothing)."""
+        """What ``replica`` serves now (its ``/v1/models``; a replica removed meanwhile: nothing). The identities its
+        ``/load`` reported stay for the adapters it still serves: ``/v1/models`` carries none, and without them their
+        requests would match no block anywhere until its next ``/load``."""
         if self._adds:  # a set of its own: registered when first reported (the record there kept)
             replica = self.replicas.add(replica)
         if replica.removed:
             return
+        if replica.served is not None and not served.identities:
+            served.identities = {name: ident for name, ident in replica.served.identities.items()
+                                 if name in served.adapters}
         replica.served = served
         if served.base not in self._roots:
             self._roots[served.base] = served.root

@@ -1,7 +1,8 @@
 """LoRA adapters through ``kvmesh serve``: one deployment of stories260K on 2 replicas serving PEFT adapters from the start.
 
 Under concurrent load the follow-ups of an adapter's conversation come back cached (the router keys adapter prompts
-as the engine hashes them and sends them where they are cached); an adapter added at runtime through the router
+as the engine hashes them and sends them where they are cached): none is lost, and the router diverts few enough
+from their prefix's replica that the share meets the bench's target; an adapter added at runtime through the router
 (``kvmesh lora load``'s call) serves at once, with its own weights. The measured run with 8 adapters is ``kvmesh
 bench lora-fleet`` (BENCHMARKS); this is the same driver, smaller.
 """
@@ -56,7 +57,12 @@ def test_follow_ups_come_back_cached_and_a_runtime_adapter_serves_at_once(fleet,
         summarize,
     )
 
-    args = argparse.Namespace(conversations=18, clients=4, zipf=1.1, prompt_tokens=96, question_tokens=8,
+    # A follow-up not cached is either lost (a fault: none may be) or diverted: the cost in seconds sent it away
+    # from the replica holding its prefix. At the fleet's start on a busy machine a replica's prefill rate rests on
+    # its first step or two, and one slow step can price it several times slower than the other for a while: a
+    # diversion or two happens there (reproduced: 0 to 2 in runs of 40 beside two busy loops; BENCHMARKS' run had 2
+    # in 320). 60 conversations make the 95% target a share (3 may be diverted), not "every one of 18".
+    args = argparse.Namespace(conversations=60, clients=4, zipf=1.1, prompt_tokens=96, question_tokens=8,
                               max_tokens=8, seed=1, timeout_s=120.0)
     fleet.admin_key = json.loads(fleet.admin_key_file.read_text())["admin_key"]
     assert admin_headers(fleet)["Authorization"] == f"Bearer {fleet.admin_key}"
@@ -68,9 +74,11 @@ def test_follow_ups_come_back_cached_and_a_runtime_adapter_serves_at_once(fleet,
 
     convs, loads = asyncio.run(run())
     s = summarize(convs, loads, 1.0, 0.0)
-    assert s["answered"] == 18, [c for c in convs if c["follow_up"]["status"] != 200][:2]
-    assert s["cached_share"] >= CACHED_SHARE_TARGET, [(c["adapter"], c["follow_up"]["cached_tokens"])
-                                                         for c in convs if not c["cached"]]
+    assert s["answered"] == 60, [c for c in convs if c["follow_up"]["status"] != 200][:2]
+    missed = [(c["adapter"], c["follow_up"]["cached_tokens"], c["first"]["route"], c["follow_up"]["route"])
+              for c in convs if not c["cached"]]
+    assert s["follow_ups_lost"] == 0, missed
+    assert s["cached_share"] >= CACHED_SHARE_TARGET, missed
     (late,) = loads
     assert late["load_status"] == 200, late["load_answer"]
     assert late["request"]["status"] == 200 and late["differs_from_base"], late

@@ -100,6 +100,47 @@ def test_the_identity_most_holders_report_keys_the_pool():
     assert all(not s.identities for s in catalog.served.values())
 
 
+def test_reading_a_replicas_model_list_again_keeps_the_identities_its_load_reported():
+    """An adapter loaded at runtime changes every replica's ``/load`` adapters, and the router reads each one's
+    ``/v1/models`` again (router/control/models.py ``on_load``): the identities of the adapters it served already
+    key their requests meanwhile, or those requests match no block anywhere until the next ``/load``."""
+    catalog = ModelCatalog()
+    for rid in ("r0", "r1"):
+        catalog.set_served(Replica(rid, healthy=True), ServedModels("stories", None, {"x": "/x"}))
+        catalog.set_adapters(catalog.replicas.get(rid), ["x"], {"x": "aaa"})
+    for rid in ("r0", "r1"):
+        catalog.set_served(catalog.replicas.get(rid), ServedModels("stories", None, {"x": "/x", "late": "/late"}))
+    assert catalog.pool("x").lora_identity == "aaa"
+    assert catalog.pool("late").lora_identity is None  # not reported yet: its first /load says it
+    catalog.set_served(catalog.replicas.get("r0"), ServedModels("stories", None, {"late": "/late"}))
+    assert "x" not in catalog.served["r0"].identities  # an adapter it no longer serves takes its identity along
+
+
+def test_a_replica_that_turns_healthy_keys_its_adapters_with_the_identities_of_its_last_load():
+    """The probe reads ``/load`` before the replica's ``/v1/models`` (``learn``, when it turns healthy): the
+    identities of that ``/load`` key its adapters' requests from then on, not from the next poll."""
+    from kvmesh.replica.serving.load_report import LoRALoad
+    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.control.models import RouterModels
+    from kvmesh.router.replicas.replica_set import ReplicaSet
+    from kvmesh.router.replicas.spec import ReplicaSpec
+
+    cards = b'{"data": [{"id": "stories", "root": "/m"}, {"id": "x", "parent": "stories", "root": "/x"}]}'
+
+    async def fetch(method, url, path, timeout_s, headers=None):
+        assert (method, path) == ("GET", "/v1/models")
+        return 200, {}, cards
+
+    calls = SimpleNamespace(control=SimpleNamespace(fetch=fetch), headers=dict)
+    models = RouterModels(RouterConfig(), ReplicaSet(), None, object(), calls)
+    models.frontends["stories"] = object()  # its tokenizer: not what this test reads
+    replica = models.replicas.add(Replica("r0", healthy=True, spec=ReplicaSpec("http://r0")))
+    replica.load.lora = LoRALoad(enabled=True, adapters={"x": 10}, identities={"x": "aaa"})
+    models.on_load(replica, SimpleNamespace(lora=replica.load.lora))  # before it serves anything: nothing to key
+    asyncio.run(models.learn(replica, None))
+    assert models.catalog.pool("x").lora_identity == "aaa"
+
+
 class FakeRuntime:
     """What AdapterLoads reads: a catalog of two bases (its replicas healthy) and replicas that answer loads as
     ``answer`` says."""

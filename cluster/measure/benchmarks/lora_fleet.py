@@ -9,11 +9,14 @@ process: its own local Ray, replicas, the router on a free loopback port). Under
 clients it plays ``--conversations`` two-turn conversations, each with one adapter (Zipf ``--zipf`` popularity): a
 fresh prompt, then its follow-up (the prompt, the answer's tokens and a new question). A follow-up **comes back
 cached** when the replica reports at least the first turn's whole prompt blocks as cached (``usage``'s
-``cached_tokens``). Mid-load, ``--runtime-loads`` adapters not served before are added with the router's
-``POST /v1/load_lora_adapter`` (the admin key serve wrote, what ``kvmesh lora load`` sends) and a request for each is
-sent the moment the call answers: the time from the call to that request's first token is how soon an adapter loaded
-at runtime serves. Each runtime adapter's greedy tokens are checked to differ from the base model's (the adapter is
-applied). Prints the verdict; writes every request and the summary to ``--out`` with a plot beside it.
+``cached_tokens``). Every request asks for the router's route receipt (``x-kvmesh-receipt``), so a follow-up
+that is not cached says why: **diverted** (the router sent it away from a replica holding its first prompt: a choice
+of the cost) or **lost** (sent where the router expected the prefix, or with the prefix known nowhere, and not found
+cached: a fault, never a choice; none may be). Mid-load, ``--runtime-loads`` adapters not served before are added
+with the router's ``POST /v1/load_lora_adapter`` (the admin key serve wrote, what ``kvmesh lora load`` sends) and a
+request for each is sent the moment the call answers: the time from the call to that request's first token is how
+soon an adapter loaded at runtime serves. Each runtime adapter's greedy tokens are checked to differ from the base
+model's (the adapter is applied). Prints the verdict; writes every request and the summary to ``--out`` with a plot beside it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ from kvmesh.cluster.measure.benchmarks.support.peer_load import free_port
 from kvmesh.cluster.measure.benchmarks.support.peft_writer import write_lora_adapter
 from kvmesh.cluster.measure.benchmarks.support.serve_fleet import ServeProcess
 from kvmesh.cluster.measure.shared_dir import stories_model
+from kvmesh.router.routing.receipts import (
+    HEADER_BEST,
+    HEADER_OPT_IN,
+    HEADER_PREDICTED,
+    HEADER_REASON,
+    HEADER_REPLICA,
+)
 
 CACHED_SHARE_TARGET = 0.95
 RUNTIME_LOAD_TARGET_S = 1.0
@@ -73,16 +83,17 @@ def fleet_config(args, adapters: dict[str, str], port: int) -> dict:
 
 async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int,
                    timeout_s: float) -> dict:
-    """One streamed greedy completion of token ids: its status, TTFT, total time, answer tokens, cached tokens."""
+    """One streamed greedy completion of token ids: its status, TTFT, total time, answer tokens, cached tokens and
+    the router's route receipt (``route_receipt``)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
     rec: dict = {"model": model, "prompt_tokens": len(prompt), "status": 0, "ttft_s": None, "tokens": [],
                  "cached_tokens": None}
     t0 = time.monotonic()
     try:
-        async with session.post(url + "/v1/completions", json=body,
+        async with session.post(url + "/v1/completions", json=body, headers={HEADER_OPT_IN: "1"},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            rec["status"] = r.status
+            rec["status"], rec["route"] = r.status, route_receipt(r.headers)
             if r.status != 200:
                 rec["error"] = (await r.text())[:200]
                 return rec
@@ -101,6 +112,23 @@ async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt:
         rec["error"] = f"{type(e).__name__}: {e}"
     rec["total_s"] = time.monotonic() - t0
     return rec
+
+
+def route_receipt(headers) -> dict:
+    """The route receipt's headers of an answer: the replica, why it was chosen, the prompt tokens the router expected
+    it to find cached and the most any candidate held (an answer without them: {})."""
+    if HEADER_REPLICA not in headers:
+        return {}
+    return {"replica": headers[HEADER_REPLICA], "reason": headers.get(HEADER_REASON),
+            "predicted_hit_tokens": int(headers.get(HEADER_PREDICTED, 0)),
+            "best_hit_tokens": int(headers.get(HEADER_BEST, 0))}
+
+
+def diverted(follow_up: dict, expected: int) -> bool:
+    """The router sent the follow-up away from a replica that held its first prompt's ``expected`` tokens (a choice
+    of the cost), not where it expected them."""
+    route = follow_up.get("route") or {}
+    return route.get("best_hit_tokens", 0) >= expected > route.get("predicted_hit_tokens", 0)
 
 
 def zipf_pick(rng: random.Random, names: list[str], s: float) -> str:
@@ -123,9 +151,10 @@ async def conversations(args, url: str, adapters: list[str], block_size: int) ->
             second = await complete(session, url, adapter, prompt + first["tokens"] + follow, args.max_tokens,
                                     args.timeout_s)
             expected = (len(prompt) // block_size) * block_size
+            cached = second["status"] == 200 and (second["cached_tokens"] or 0) >= expected
             out.append({"conversation": i, "adapter": adapter, "first": first, "follow_up": second,
-                        "expected_cached": expected,
-                        "cached": second["status"] == 200 and (second["cached_tokens"] or 0) >= expected})
+                        "expected_cached": expected, "cached": cached,
+                        "diverted": not cached and diverted(second, expected)})
             print(f"\r  conversations {len(out)}/{args.conversations}", end="", file=sys.stderr, flush=True)
 
     async with aiohttp.ClientSession() as session:
@@ -160,6 +189,7 @@ async def runtime_loads(args, fleet: ServeProcess, late: dict[str, str], start_a
 def summarize(convs: list[dict], loads: list[dict], wall_s: float, cpu_s: float) -> dict:
     ok = [c for c in convs if c["first"]["status"] == 200 and c["follow_up"]["status"] == 200]
     cached = sum(c["cached"] for c in convs)
+    diverted_ = sum(c["diverted"] for c in convs)
     by_adapter: dict[str, list[int]] = {}
     for c in convs:
         by_adapter.setdefault(c["adapter"], []).append(int(c["cached"]))
@@ -169,6 +199,7 @@ def summarize(convs: list[dict], loads: list[dict], wall_s: float, cpu_s: float)
     requests = 2 * len(convs) + len(loads)
     return {
         "conversations": len(convs), "answered": len(ok), "follow_ups_cached": cached,
+        "follow_ups_diverted": diverted_, "follow_ups_lost": len(convs) - cached - diverted_,
         "cached_share": cached / len(convs) if convs else 0.0,
         "cached_share_by_adapter": {a: sum(v) / len(v) for a, v in sorted(by_adapter.items())},
         "first_ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else None,
@@ -178,6 +209,7 @@ def summarize(convs: list[dict], loads: list[dict], wall_s: float, cpu_s: float)
         "runtime_adapters_applied": all(x["differs_from_base"] for x in loads),
         "wall_s": wall_s, "cluster_cpu_s": cpu_s, "cpu_s_per_request": cpu_s / requests if requests else None,
         "meets": {"follow_ups_cached": bool(convs) and cached / len(convs) >= CACHED_SHARE_TARGET,
+                  "no_follow_up_lost": len(convs) == cached + diverted_,
                   "runtime_load_within_1s": bool(loads) and all(s is not None and s <= RUNTIME_LOAD_TARGET_S
                                                                 for s in served)},
     }
@@ -239,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     plot(convs, summary, out.with_suffix(".png"))
     s = summary
     print(f"follow-ups cached: {s['follow_ups_cached']}/{s['conversations']} ({100 * s['cached_share']:.1f}%, "
-          f"target >= {100 * CACHED_SHARE_TARGET:.0f}%); answered {s['answered']}")
+          f"target >= {100 * CACHED_SHARE_TARGET:.0f}%); answered {s['answered']}; not cached: "
+          f"{s['follow_ups_diverted']} diverted by the cost, {s['follow_ups_lost']} lost")
     print(f"TTFT p50: first turn {s['first_ttft_p50_s']}, follow-up {s['follow_up_ttft_p50_s']}")
     print("runtime loads: call " + ", ".join(f"{x:.3f}" for x in s["runtime_load_call_s"]) + " s; first token "
           + ", ".join("-" if x is None else f"{x:.3f}" for x in s["runtime_first_token_after_call_s"])
