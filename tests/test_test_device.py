@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,9 +28,9 @@ def test_an_unknown_device_is_a_usage_error(monkeypatch):
 def test_cpu_hides_the_gpus_from_the_session(monkeypatch):
     monkeypatch.setenv("KVMESH_TEST_DEVICE", "cpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    pytest_configure(None)
+    pytest_configure(SimpleNamespace(stash={}))  # a session's config: only its stash is written
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
     monkeypatch.setenv("KVMESH_TEST_DEVICE", "auto")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    pytest_configure(None)
+    pytest_configure(SimpleNamespace(stash={}))  # a session's config: only its stash is written
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
