@@ -119,11 +119,11 @@ class KVRouter:
         return self.replicas.remove(replica_id)
 
     def set_healthy(self, replica: Replica, healthy: bool, clear_cache: bool = False) -> None:
-        """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
+        """Mark a replica (un)healthy, a draining one never; ``clear_cache`` drops its tree (it died and lost its cache)."""
         with self.lock:
             if replica.removed:
                 return
-            replica.healthy = healthy
+            replica.healthy = healthy and not replica.draining  # a probe from before its drain may end after it
             if healthy and replica.state == JOINING:
                 replica.state = READY
             self.replicas.changed()
