@@ -19,7 +19,11 @@ from pathlib import Path
 import pytest
 
 from .file_order import load_seconds, longest_first
-from .signal_guard import signal_dispositions_kept, started_ignoring  # noqa: F401 (the fixture: autouse)
+from .signal_guard import (  # noqa: F401 (the fixtures: autouse)
+    signal_dispositions_kept,
+    signal_handlers_restored,
+    started_ignoring,
+)
 from .tiers import mark_tiers, tier_guard  # noqa: F401 (tier_guard: an autouse fixture, registered by its import)
 
 
@@ -222,17 +226,3 @@ def small_kv_cache_on_cuda():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ModelRunner, "profiled_kv_budget", capped)
         yield
-
-
-@pytest.fixture(autouse=True)
-def signal_handlers_restored():
-    """Each test leaves Ctrl-C and SIGTERM as it found them. A test that runs a command's main in this process (whose
-    shutdown ignores a second Ctrl-C) would otherwise leave them ignored, and every process a later test starts
-    would inherit that: Python then installs no KeyboardInterrupt, and a Ctrl-C the test sends stops nothing."""
-    import signal
-
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for sig, handler in before.items():
-        if signal.getsignal(sig) is not handler and handler is not None:
-            signal.signal(sig, handler)

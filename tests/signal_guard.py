@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM as the kernel holds them for the test process, checked around each test file.
+"""Ctrl-C and SIGTERM in the test process: Python's handlers put back after each test, and the kernel's view
+checked around each test file.
 
 A process started while SIGINT is ignored keeps it ignored across ``exec`` (Python then installs no
 KeyboardInterrupt), so a test process that ignores it hands that to every command a later test starts, and a
@@ -38,6 +39,18 @@ def put_back(before: dict[str, set[signal.Signals]], after: dict[str, set[signal
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     if newly_blocked := after["blocked"] - before["blocked"]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, newly_blocked)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored():
+    """Each test leaves Ctrl-C and SIGTERM as it found them. A test that runs a command's main in this process (whose
+    shutdown ignores a second Ctrl-C) would otherwise leave them ignored, and every process a later test starts
+    would inherit that: Python then installs no KeyboardInterrupt, and a Ctrl-C the test sends stops nothing."""
+    before = {sig: signal.getsignal(sig) for sig in WATCHED}
+    yield
+    for sig, handler in before.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -11,18 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from .pytester_support import conftest_loading
 from .signal_guard import STATUS, held, put_back
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.skipif(not STATUS.exists(), reason="reads the kernel's view from /proc (Linux)")
 
 GUARD = Path(__file__).resolve().parent / "signal_guard.py"
-CONFTEST = f'''
-import importlib.util
-spec = importlib.util.spec_from_file_location("signal_guard_under_test", {str(GUARD)!r})
-guard = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(guard)
-signal_dispositions_kept = guard.signal_dispositions_kept
+CONFTEST = conftest_loading(GUARD, "guard") + '''signal_dispositions_kept = guard.signal_dispositions_kept
 '''
 LEAVES_IT_IGNORED = '''
 import ctypes, signal, pytest

@@ -7,15 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from .pytester_support import conftest_loading
+
 pytest_plugins = ["pytester"]
 
 TIERS = Path(__file__).resolve().parent / "tiers.py"
-CONFTEST = f'''
-import importlib.util
-spec = importlib.util.spec_from_file_location("tiers_under_test", {str(TIERS)!r})
-tiers = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tiers)
-tier_guard = tiers.tier_guard
+CONFTEST = conftest_loading(TIERS, "tiers") + '''tier_guard = tiers.tier_guard
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "live: starts a server")
