@@ -41,7 +41,7 @@ def served_model(cfg: RouterConfig) -> str:
 def error_counter(runtime: RouterRuntime) -> Callable[[ProtocolError], None]:
     """Counts an error answer in the router's request metric, by status class."""
     def count_error(e: ProtocolError) -> None:
-        runtime.metrics.child(runtime.metrics.requests, f"{e.status_code // 100}xx").inc()
+        runtime.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
 
     return count_error
 

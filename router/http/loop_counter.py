@@ -43,6 +43,9 @@ class LoopCounter:
         registry.register(self)
 
     def labels(self, *values: str) -> LoopCounterChild:
+        child = self.children.get(values)  # the usual case: a label set seen before, given as strings
+        if child is not None:
+            return child
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         key = tuple(str(v) for v in values)

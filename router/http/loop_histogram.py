@@ -54,6 +54,9 @@ class LoopHistogram:
         registry.register(self)
 
     def labels(self, *values: str) -> LoopHistogramChild:
+        child = self.children.get(values)  # the usual case: a label set seen before, given as strings
+        if child is not None:
+            return child
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         key = tuple(str(v) for v in values)

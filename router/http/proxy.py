@@ -241,6 +241,6 @@ class Forwarder:
             except msgspec.DecodeError as e:
                 raise InvalidAnswer(f"answered 200 with a body that is not JSON ({e}): {content[:80]!r}") from None
         m = self.plane.metrics
-        m.child(m.requests, f"{status // 100}xx").inc()
+        m.requests.labels(f"{status // 100}xx").inc()
         self.report_cached(decision, content)
         return Response(content, status, media)

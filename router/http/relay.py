@@ -103,7 +103,7 @@ class StreamRelay:
                                "is incomplete")
         finally:
             m = self.plane.metrics
-            m.child(m.requests, outcome).inc()
+            m.requests.labels(outcome).inc()
 
     async def _events(self, upstream: UpstreamResponse, first: bytes, body: AsyncIterator[bytes],
                       stream: MigratingStream, decision: RouteDecision, replica: Replica) -> AsyncIterator[bytes]:

@@ -27,9 +27,9 @@ _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 def count_decision(plane: DataPlane, decision: RouteDecision, prompt_tokens: int) -> None:
     """A request was sent to ``decision.replica_id``: its decision, predicted hit and prompt counted."""
     m, rid = plane.metrics, str(decision.replica_id)
-    m.child(m.decisions, rid, plane.router.policy_name).inc()
-    m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
-    m.child(m.prompt_tokens, rid).inc(prompt_tokens)
+    m.decisions.labels(rid, plane.router.policy_name).inc()
+    m.predicted_hit_tokens.labels(rid).inc(decision.predicted_hit_tokens)
+    m.prompt_tokens.labels(rid).inc(prompt_tokens)
     plane.receipt_metrics.on_route(decision.receipt)
 
 
@@ -41,7 +41,7 @@ def report_cached(plane: DataPlane, decision: RouteDecision, chunk: bytes) -> No
     if not found:
         return
     cached = int(found[-1])
-    plane.metrics.child(plane.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
+    plane.metrics.reported_cached_tokens.labels(str(decision.replica_id)).inc(cached)
     host = _HOST_CACHED.findall(chunk) if b"host_cached_tokens" in chunk else None
     receipts = plane.router.receipts
     receipt = receipts.record_actual(decision.receipt, cached, int(host[-1]) if host else None)
