@@ -105,6 +105,8 @@ def settle_5xx(failures: ReplicaFailures, held: list[tuple[Replica, int]], answe
     its attempts are over or another replica answered it: each counts against its replica, unless two replicas
     or more answered it 5xx and none otherwise -- then the request is what fails (a poison request), logged,
     not counted."""
+    if not held:  # the usual case: none
+        return
     replicas = {replica.id for replica, _ in held}
     if not answered_elsewhere and len(replicas) >= 2:
         logger.warning("replicas %s all answered one request with a 5xx: the request's fault, not counted against "

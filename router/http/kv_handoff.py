@@ -73,12 +73,22 @@ class KVHandoff:
                 decision.uncached_tokens = min(decision.uncached_tokens, tokens_left_after_split(
                     len(request.route_ids), svc.router.block_size))
             return
+        self.pull(request, decision)
+
+    def may_split(self, request: ProxyRequest) -> bool:
+        """Whether ``prepare`` may make a split for ``request`` (prefill replicas exist, one prompt with token ids);
+        when not, ``pull`` is all it would do, and nothing waits."""
+        return bool(request.route_ids) and len(request.prompts) <= 1 and self.plane.router.replicas.num_prefill > 0
+
+    def pull(self, request: ProxyRequest, decision: RouteDecision) -> None:
+        """Set ``request.kv_transfer_params`` to a peer pull when ``decision`` chose one (``prepare`` without a split)."""
         pull = decision.pull
         holder = pull.holder if pull is not None else None
-        if holder is not None and not holder.removed and holder.spec is not None:
+        if holder is not None and not holder.removed and holder.spec is not None and request.route_ids \
+                and len(request.prompts) <= 1:
             request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.spec.url}
             decision.receipt.pulled_from = holder.id
-            svc.metrics.peer_pulls.inc()
+            self.plane.metrics.peer_pulls.inc()
 
     async def _prefill(self, request: ProxyRequest, decision: RouteDecision, prefill: Replica) -> dict | None:
         """The prefill call; the handle for the decode replica, or None (counted against the prefill replica

@@ -34,6 +34,7 @@ from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_g
 from kvmesh.router.http.request_reader import RequestReader
 from kvmesh.router.http.route_accounting import count_decision, report_cached
 from kvmesh.router.http.token_forwarding import TEXT
+from kvmesh.router.http.upstream import header_lines
 from kvmesh.router.routing.kv_router import RouteDecision
 from kvmesh.router.routing.policies import NoReplicaError
 
@@ -50,6 +51,8 @@ class Forwarder:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
         """What the proxy works with (data_plane.py)."""
+        self.header_lines = header_lines({"content-type": "application/json", **plane.headers})
+        """The headers every request to a replica carries (its credentials), as lines (upstream.py)."""
         self.reader = RequestReader(plane)
         """Reads a client's request: validated, tokenized, its tenant and priority (request_reader.py)."""
         self.relay = StreamRelay(plane, self.dispatch, self.report_cached)
@@ -100,20 +103,24 @@ class Forwarder:
         one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form;
         its load counts the attempt while it runs (in_flight.py)."""
         svc, attempts = self.plane, self.plane.config.upstream.max_attempts
-        failures = svc.failures
-        headers = {"content-type": "application/json", **svc.headers, **request.headers()}
+        failures, pool = svc.failures, request.model_pool
+        headers = self.header_lines + header_lines(request.headers())
         held: list[tuple[Replica, int]] = []  # 5xx answers, counted once the attempts are over (failures.py)
         try:
             for attempt in range(attempts):
                 decision, routed_at = self._route(request, tried, first if attempt == 0 else None, attempt)
-                replica = await self._replica(request, decision.replica, tried)
-                if replica is None:
+                replica = decision.replica
+                if _gone(replica, tried) or (pool is not None and pool.lora_name is not None
+                                             and not await adapter_ready(svc, replica, request, tried)):
                     continue
                 if attempt == 0 and not tried and request.req is not None:  # a retry or continuation goes as sent
-                    with reserved(svc.router.loads, replica):  # its slot is taken while a split's prefill call runs
-                        await self.handoff.prepare(request, decision)
+                    if self.handoff.may_split(request):
+                        with reserved(svc.router.loads, replica):  # its slot is taken while the prefill call runs
+                            await self.handoff.prepare(request, decision)
+                    else:
+                        self.handoff.pull(request, decision)
                 with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
-                    opened = await self._open(replica, request, {**headers, **flight.headers()}, decision)
+                    opened = await self._open(replica, request, headers + header_lines(flight.headers()), decision)
                     if isinstance(opened, Exception):  # a failed connection or deadline: the 5xx before it count
                         settle_5xx(failures, held, answered_elsewhere=True)
                     elif opened.upstream.status >= 500:
@@ -146,18 +153,6 @@ class Forwarder:
             svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
         return decision, routed_at
 
-    async def _replica(self, request: ProxyRequest, replica: Replica, tried: list[str]) -> Replica | None:
-        """The chosen ``replica`` (where to send ``request``, what it accepts); None (its id tried) when it was
-        removed meanwhile or did not load the request's adapter (adapter_ready.py)."""
-        svc = self.plane
-        if replica.removed or replica.spec is None:  # removed meanwhile
-            tried.append(replica.id)
-            return None
-        pool = request.model_pool
-        if pool is not None and pool.lora_name is not None and not await adapter_ready(svc, replica, request, tried):
-            return None
-        return replica
-
     def _opened(self, request: ProxyRequest, opened: Opened, flight: InFlight, routed_at: float,
                 tried: list[str]) -> None:
         """The replica sent its first bytes: a success for its health, a split's lease settled, its prefill done,
@@ -189,10 +184,10 @@ class Forwarder:
         request.failed_over.append(f"{rid}: {why}")
         tried.append(rid)
 
-    async def _open(self, replica: Replica, request: ProxyRequest, headers: dict[str, str],
+    async def _open(self, replica: Replica, request: ProxyRequest, headers: str,
                     decision: RouteDecision) -> Opened | Exception:
-        """Send the request to ``replica`` in the form it takes and wait for the first body bytes (or the error
-        that came instead)."""
+        """Send the request to ``replica`` in the form it takes, with ``headers`` (their lines), and wait for the
+        first body bytes (or the error that came instead)."""
         svc = self.plane
         try:
             body = await request.encoded_for(replica.accepts or TEXT, schedules_by_priority(replica), svc.renderer.run)
@@ -227,7 +222,10 @@ class Forwarder:
             return Response(stream=self.relay.relay(opened, request.stream), status=status, media_type=media)
         complete = False
         try:
-            rest = [chunk async for chunk in opened.rest]
+            if upstream.complete and not upstream.chunks and opened.rest is upstream:  # it all came with the head
+                rest = []
+            else:
+                rest = [chunk async for chunk in opened.rest]
             complete = True
         except UPSTREAM_ERRORS as e:  # nothing reached the client yet: handle() tries another replica
             raise BrokenAnswer(e) from None
@@ -244,3 +242,11 @@ class Forwarder:
         m.requests.labels(f"{status // 100}xx").inc()
         self.report_cached(decision, content)
         return Response(content, status, media)
+
+
+def _gone(replica: Replica, tried: list[str]) -> bool:
+    """Whether the chosen ``replica`` was removed meanwhile (then its id is tried)."""
+    if replica.removed or replica.spec is None:
+        tried.append(replica.id)
+        return True
+    return False

@@ -39,10 +39,20 @@ from kvmesh.router.http.upstream_connection import (
 if TYPE_CHECKING:
     from kvmesh.router.replicas.patience import Patience
 
-__all__ = ["DeadlineMissed", "UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["DeadlineMissed", "UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamResponse",
+           "header_lines"]
 
+_MAX_HEADS = 256
+"""Request lines kept made (per method, replica and path: the proxied paths, the probes); past it they start over."""
 _IDLE_S = 15.0
 """Idle pooled connections older than this are dropped (replicas close theirs after 30 s by default)."""
+
+
+def header_lines(headers: dict[str, str]) -> str:
+    """``headers`` as the lines of a request head (``name: value\\r\\n`` each), in their order."""
+    if not headers:
+        return ""
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items())
 
 
 class UpstreamPool:
@@ -53,6 +63,8 @@ class UpstreamPool:
         self.read_timeout_s = read_timeout_s
         self._idle: dict[tuple, list[UpstreamConnection]] = {}
         self._addresses: dict[str, tuple] = {}
+        self._heads: dict[tuple[str, str, str], tuple[tuple, str]] = {}
+        """(method, base URL, path) -> its address and the request line with the Host header, made once."""
         self._ssl: ssl.SSLContext | None = None
         self.connections_made = 0
         """Connections opened so far (tests: reuse keeps this at one for sequential requests)."""
@@ -67,10 +79,10 @@ class UpstreamPool:
             found = self._addresses[base_url] = (u.hostname, port, https, u.netloc.encode("idna"))
         return found
 
-    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str],
+    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str] | str,
                    patience: Patience | None = None) -> UpstreamResponse:
-        """Send ``POST path`` with a JSON ``body``; the response once its status and headers arrived (within
-        ``patience``'s first-byte deadline: router/replicas/patience.py)."""
+        """Send ``POST path`` with a JSON ``body`` and ``headers`` (a dict, or its ``header_lines``); the response
+        once its status and headers arrived (within ``patience``'s first-byte deadline: router/replicas/patience.py)."""
         return await self.request("POST", base_url, path, body, headers, patience)
 
     async def fetch(self, method: str, base_url: str, path: str, timeout_s: float, body: bytes = b"",
@@ -89,12 +101,19 @@ class UpstreamPool:
         return await asyncio.wait_for(whole(), timeout_s)
 
     async def request(self, method: str, base_url: str, path: str, body: bytes,
-                      headers: dict[str, str], patience: Patience | None = None) -> UpstreamResponse:
-        """Send ``method path`` with ``body``; the response once its status and headers arrived."""
-        key = self._address(base_url)
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        request = (f"{method} {path} HTTP/1.1\r\nHost: {key[3].decode()}\r\nContent-Length: {len(body)}\r\n"
-                   f"{extra}\r\n").encode("latin-1") + body
+                      headers: dict[str, str] | str, patience: Patience | None = None) -> UpstreamResponse:
+        """Send ``method path`` with ``body`` and ``headers`` (a dict, or its ``header_lines``); the response once its
+        status and headers arrived."""
+        found = self._heads.get((method, base_url, path))
+        if found is None:
+            if len(self._heads) >= _MAX_HEADS:  # paths passed through from a client (a worker's admin plane)
+                self._heads.clear()
+            key = self._address(base_url)
+            head = f"{method} {path} HTTP/1.1\r\nHost: {key[3].decode()}\r\n"
+            found = self._heads[method, base_url, path] = key, head
+        key, head = found
+        extra = headers if isinstance(headers, str) else header_lines(headers)
+        request = f"{head}Content-Length: {len(body)}\r\n{extra}\r\n".encode("latin-1") + body
         conn = self._take(key)
         if conn is not None:
             response = await self._send(conn, request, patience)
