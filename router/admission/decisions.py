@@ -75,10 +75,17 @@ class Admission:
         seconds = header_s if header_s is not None else self.config.class_deadline_s(priority)
         return None if seconds is None else now + seconds
 
+    def may_go_at_once(self, model: str) -> bool:
+        """Whether an arrival for ``model`` finds nothing of it waiting here, no place owed and room in the queue: the
+        caller may then try it before queueing it (``arrive(..., queued=False)``), as the queue's only waiter."""
+        return not self.queues.get(model) and self.ledger.queued(model) < self.config.max_queued \
+            and not self.ledger.debts(model)
+
     def arrive(self, model: str, tenant: Tenant, priority: int, prompt_tokens: int, deadline: float | None,
-               now: float) -> Waiter | Shed:
+               now: float, queued: bool = True) -> Waiter | Shed:
         """Queue the request, or shed it at once (queue bound and the tenant's share of it, then deadline, then the
-        tenant's bucket: a shed request takes no tokens and no one's place)."""
+        tenant's bucket: a shed request takes no tokens and no one's place). ``queued=False`` (``may_go_at_once``):
+        not queued yet; the caller tries it at once and ``enqueue``s it if it must wait."""
         queue = self.queues.setdefault(model, AdmissionQueue())
         drain = self.drains.setdefault(model, DrainRate())
         usage = functools.partial(self.ledger.usage, now=now)
@@ -105,12 +112,18 @@ class Admission:
                             f"(burst {tenant.limit.burst_tokens:g}); this request's {prompt_tokens} prompt tokens "
                             f"fit in {refill_s:.3g} s")
         waiter = Waiter(model, tenant.name, priority, now, deadline, prompt_tokens, tenant.limit, tenant.parent)
-        queue.push(waiter)
-        self.ledger.waiting_changed(model, tenant.name, 1)
-        if place is not None and place.displace is not None:  # None: shed above
-            self._displace(model, place.displace, now)
-        self._publish(model)
+        if queued:
+            self.enqueue(waiter)
+            if place is not None and place.displace is not None:  # None: shed above
+                self._displace(model, place.displace, now)
+                self._publish(model)
         return waiter
+
+    def enqueue(self, waiter: Waiter) -> None:
+        """Put an arrival in its queue (``arrive`` does, unless told not to)."""
+        self.queues[waiter.model].push(waiter)
+        self.ledger.waiting_changed(waiter.model, waiter.tenant, 1)
+        self._publish(waiter.model)
 
     def _displace(self, model: str, tenant: str, now: float) -> None:
         """An arrival takes a place of ``tenant``'s: its newest waiter here goes, or, with none here, the place is

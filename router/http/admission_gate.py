@@ -127,22 +127,25 @@ class AdmissionGate:
         tenant, priority = request.tenant, request.priority
         deadline_ms = int_header(http, DEADLINE_HEADER, "a positive integer of milliseconds", positive=True)
         now = time.monotonic()
-        adm = self.admission
+        adm, model = self.admission, request.req.model or ""
         deadline = adm.deadline_of(priority, None if deadline_ms is None else deadline_ms / 1000, now)
-        got = adm.arrive(request.req.model or "", tenant, priority, sum(map(len, request.prompts)), deadline, now)
+        at_once = not self.granted and adm.may_go_at_once(model)  # tried before it is queued (``_at_once``)
+        got = adm.arrive(model, tenant, priority, sum(map(len, request.prompts)), deadline, now, queued=not at_once)
         if not isinstance(got, Shed):
-            got.payload = Waiting(request, time.perf_counter())
-            self._answer_displaced(got.model, now)
+            got.payload = Waiting(request, time.perf_counter(), at_once=at_once)
+            self._answer_displaced(model, now)
         return self.metrics.labels(tenant.name, priority), got
 
     def _at_once(self, waiter: Waiter, labels: tuple[str, str]) -> Ticket | Shed | None:
         """With nothing else waiting for its model and no one let go still on its way, ``waiter`` is the head the
-        pump would try now: tried here, without a future (None: it waits, its place kept; ``_wait``)."""
+        pump would try now: tried here, before it is queued and without a future (None: it waits, queued now;
+        ``_wait``)."""
         waiting = waiting_of(waiter)
-        if self.granted or waiting.future is not None or len(self.admission.queues[waiter.model]) != 1:
+        if not waiting.at_once:
             return None
         verdict = self._try(waiter, waiting, time.monotonic())
         if verdict == WAIT:
+            self.admission.enqueue(waiter)
             waiting.priced = True
             return None
         self.metrics.queue_seconds.labels(labels[1]).observe(time.perf_counter() - waiting.start)

@@ -38,6 +38,8 @@ class Waiting:
     """Let go, its task not yet run to its dispatch (``AdmissionGate.granted``)."""
     priced: bool = False
     """The gate said WAIT when it arrived (``AdmissionGate._at_once``): its first pump is not needed."""
+    at_once: bool = False
+    """It arrived to an empty queue with no one let go on their way: tried before it is queued (``_at_once``)."""
 
 
 def waiting_of(waiter: Waiter) -> Waiting:
