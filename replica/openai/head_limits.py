@@ -13,6 +13,7 @@ soon as the limit is passed, not when (if ever) the header ends.
     limits = HeadLimits(frontend)
     data_received:        for piece in limits.pieces(data):   raises ProtocolError (431/414)
                               with limits: parser.feed_data(piece)   or httptools' errors
+                          (``limits.fits(data)``: fed whole, the usual case, without cutting)
     on_url / on_header:   limits.url(len(url)) / limits.header()
     on_headers_complete:  limits.head_done()          the body is not counted
     on_message_complete:  limits.message_done()       the next head counts from here
@@ -51,6 +52,16 @@ class HeadLimits:
         """Why the head is refused, on its way out of a parser callback (httptools wraps what they raise)."""
         self.refused = False
         """A head was refused (or the input was malformed): nothing more is parsed."""
+
+    def fits(self, data: bytes) -> bool:
+        """Whether ``data`` goes to the parser whole (the usual case: within the head's room, or a body), counted
+        here; else the caller feeds ``pieces(data)``."""
+        room = self.room
+        if self.refused or (room is not None and len(data) > room):
+            return False
+        if room is not None:
+            self.room = room - len(data)
+        return True
 
     def pieces(self, data: bytes) -> Iterator[bytes]:
         """``data`` cut where a head would pass its room. The caller feeds each piece to its parser itself, inside

@@ -83,9 +83,14 @@ class HttpConnection(asyncio.Protocol):
         self._arm(self.config.header_timeout_s, "sent no complete request head")
 
     def data_received(self, data: bytes) -> None:
+        limits = self.limits
         try:
-            for piece in self.limits.pieces(data):
-                with self.limits:
+            if limits.fits(data):
+                with limits:
+                    self.parser.feed_data(data)
+                return
+            for piece in limits.pieces(data):
+                with limits:
                     self.parser.feed_data(piece)
         except ProtocolError as e:  # a head past its limits (431, 414)
             self._refuse(e)

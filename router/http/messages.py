@@ -40,8 +40,8 @@ class HttpRequest:
     """One request on a connection (see the module doc)."""
 
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
-                 "complete", "too_large", "expect_continue", "config", "client", "waiter", "_headers", "started",
-                 "error")
+                 "complete", "too_large", "expect_continue", "config", "client", "waiter", "_headers", "_by_name",
+                 "started", "error")
 
     def __init__(self, method: bytes, target: bytes, config: FrontendConfig | None = None,
                  client: Client | None = None) -> None:
@@ -55,6 +55,7 @@ class HttpRequest:
         self.raw_headers: list[tuple[bytes, bytes]] = []
         """(lowercase name, value), as ASGI wants them."""
         self._headers: dict[str, str] | None = None
+        self._by_name: dict[bytes, bytes] | None = None
         self.keep_alive = True
         self.http_version = "1.1"
         self.chunks: list[bytes] = []
@@ -83,11 +84,11 @@ class HttpRequest:
 
     def header(self, name: bytes) -> str | None:
         """One header's value (the last if repeated; ``name`` lowercase), None when absent: the hot path's
-        look-up, which skips building the whole ``headers`` dict."""
-        found = None
-        for key, value in self.raw_headers:
-            if key == name:
-                found = value
+        look-up, from the raw headers by name (made at the first call), without decoding them all."""
+        by_name = self._by_name
+        if by_name is None:
+            by_name = self._by_name = dict(self.raw_headers)
+        found = by_name.get(name)
         return None if found is None else found.decode("latin-1")
 
     def _wake(self) -> None:
