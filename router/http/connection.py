@@ -23,6 +23,7 @@ import asyncio
 import collections
 import logging
 import socket
+from collections.abc import Awaitable
 
 import httptools
 import msgspec
@@ -179,7 +180,8 @@ class HttpConnection(asyncio.Protocol):
             while True:
                 while self.queue:
                     request = self.queue[0]
-                    if request is _CLOSE or not await self._answer(request):
+                    if request is _CLOSE or not await (self._too_large(request) if request.too_large
+                                                       else self.server.answer(self, request)):
                         self.transport.close()
                         return
                     self.queue.popleft()
@@ -196,13 +198,11 @@ class HttpConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             return
 
-    async def _answer(self, request: HttpRequest) -> bool:
-        """Answer one request; whether the connection stays open."""
-        if request.too_large:  # announced too large: answer before reading on
-            return await self.send(request, error_response(ProtocolError(
-                f"request body has {request.size} bytes; the limit is {self.config.max_body_bytes}", 413)),
-                close=True, error=True)
-        return await self.server.answer(self, request)
+    def _too_large(self, request: HttpRequest) -> Awaitable[bool]:
+        """The 413 of a request announced too large, answered before its body is read (the connection closes)."""
+        return self.send(request, error_response(ProtocolError(
+            f"request body has {request.size} bytes; the limit is {self.config.max_body_bytes}", 413)),
+            close=True, error=True)
 
     def keeps_alive(self, request: HttpRequest, close: bool) -> bool:
         """Whether the connection stays open after this answer (the unread rest of a body ends it)."""

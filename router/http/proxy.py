@@ -195,16 +195,18 @@ class Forwarder:
                                            svc.failures.patience(replica))
         except UPSTREAM_ERRORS as e:
             return e
-        try:
-            first = await upstream.__anext__()
-        except StopAsyncIteration:
-            first = b""
-        except UPSTREAM_ERRORS as e:
-            upstream.close()
-            return e
-        except BaseException:  # cancelled: close the connection so the replica aborts the request
-            upstream.close()
-            raise
+        first = upstream.ready()  # usually the first body bytes came with the head
+        if first is None:
+            try:
+                first = await upstream.__anext__()
+            except StopAsyncIteration:
+                first = b""
+            except UPSTREAM_ERRORS as e:
+                upstream.close()
+                return e
+            except BaseException:  # cancelled: close the connection so the replica aborts the request
+                upstream.close()
+                raise
         return Opened(upstream, first, upstream, decision, replica)
 
     def report_cached(self, decision: RouteDecision, chunk: bytes) -> None:

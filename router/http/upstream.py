@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -79,11 +80,12 @@ class UpstreamPool:
             found = self._addresses[base_url] = (u.hostname, port, https, u.netloc.encode("idna"))
         return found
 
-    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str] | str,
-                   patience: Patience | None = None) -> UpstreamResponse:
-        """Send ``POST path`` with a JSON ``body`` and ``headers`` (a dict, or its ``header_lines``); the response
-        once its status and headers arrived (within ``patience``'s first-byte deadline: router/replicas/patience.py)."""
-        return await self.request("POST", base_url, path, body, headers, patience)
+    def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str] | str,
+             patience: Patience | None = None) -> Coroutine[None, None, UpstreamResponse]:
+        """Send ``POST path`` with a JSON ``body`` and ``headers`` (a dict, or its ``header_lines``); awaited, the
+        response once its status and headers arrived (within ``patience``'s first-byte deadline:
+        router/replicas/patience.py). ``request``'s coroutine itself, without one more around it."""
+        return self.request("POST", base_url, path, body, headers, patience)
 
     async def fetch(self, method: str, base_url: str, path: str, timeout_s: float, body: bytes = b"",
                     headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -138,7 +140,10 @@ class UpstreamPool:
             host, port = conn.key[:2]  # nothing was sent: the replica is gone, another one may answer
             raise UpstreamConnectError(f"the connection to {host}:{port} closed before the request was sent") from None
         try:
-            await response._head()
+            while response.status == 0:  # until the answer's head arrived
+                if response.error is not None:
+                    raise response.error
+                await response._wait()
         except StaleConnection:
             return None
         except asyncio.CancelledError:

@@ -152,6 +152,10 @@ class UpstreamConnection(asyncio.Protocol):
 class UpstreamResponse:
     """A replica's answer: status and headers once they arrived, then the body as an async iterator."""
 
+    __slots__ = ("conn", "status", "headers", "chunks", "complete", "keep_alive", "received", "paused", "error",
+                 "_timeout", "patience", "started", "_armed", "_period_start", "_first_wait", "_waiter", "_done",
+                 "lingering")
+
     def __init__(self, conn: UpstreamConnection, read_timeout_s: float | None,
                  patience: Patience | None = None) -> None:
         self.conn = conn
@@ -226,12 +230,6 @@ class UpstreamResponse:
                                   + (" (it was working on others)" if progressed else " and showed no progress"),
                                   first_byte=not self.started, progressed=progressed))
 
-    async def _head(self) -> None:
-        while self.status == 0:
-            if self.error is not None:
-                raise self.error
-            await self._wait()
-
     def __aiter__(self) -> UpstreamResponse:
         return self
 
@@ -243,6 +241,13 @@ class UpstreamResponse:
             if self.error is not None:
                 raise self.error
             await self._wait()
+        return self._take()
+
+    def ready(self) -> bytes | None:
+        """``__anext__`` without waiting: the body bytes that arrived since the last call, None when none did."""
+        return self._take() if self.chunks else None
+
+    def _take(self) -> bytes:
         data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self._drain())
         self.started = True
         if self.paused:
