@@ -121,8 +121,11 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     def _constraint(self) -> StructuredOutputsParams | None:
         """The output's constraint, its compile charged to the tenant the router named, else to ``user``
         (openai/compile_tenant.py, engine/grammar_pool.py)."""
-        constraint, tenant = self.structured_outputs_params(), self._compile_tenant or self.user
-        return constraint if constraint is None or not tenant else replace(constraint, tenant=tenant)
+        constraint = self.structured_outputs_params()
+        if constraint is None:  # most requests (a private attribute costs pydantic's __getattr__ to read)
+            return None
+        tenant = self._compile_tenant or self.user
+        return constraint if not tenant else replace(constraint, tenant=tenant)
 
     @property
     def include_usage(self) -> bool:

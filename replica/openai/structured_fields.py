@@ -63,6 +63,9 @@ class StructuredOutputFields(OpenAIBaseModel):
         if self.guided_decoding_backend not in BACKENDS:
             raise SamplingParamsError("guided_decoding_backend", "guided_decoding_backend must be 'xgrammar' or "
                                       f"'auto' (the one backend here), got {echo(repr(self.guided_decoding_backend))}")
+        if (self.structured_outputs is None and self.response_format is None and self.guided_json is None
+                and self.guided_regex is None and self.guided_choice is None and self.guided_grammar is None):
+            return None  # most requests: no field to read (read per request at the router and the replica)
         found = [p for p in (self._from_structured_outputs(), self._from_response_format(), *self._from_guided())
                  if p is not None]
         if len(found) > 1:
