@@ -42,7 +42,6 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("replica", "kv_layout.py", "*"): (4, REFLECTION + " (MATCHING_FIELDS)"),
     ("replica", "metrics.py", "*"): (1, REFLECTION),
     ("replica", "outputs.py", "*"): (3, REFLECTION),
-    ("replica", "sampling_params.py", "*"): (2, REFLECTION),
     ("replica", "refused_fields.py", "*"): (1, REFLECTION + " (the refused field names' table)"),
     ("router", "cache_aware_tokens_config.py", "*"): (2, REFLECTION),
     ("router", "spec.py", "*"): (1, REFLECTION),

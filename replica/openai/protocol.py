@@ -202,8 +202,9 @@ class CompletionRequest(SamplingFields, RefusedCompletionFields):
         return self.echo and self.max_tokens == 0
 
     def _logprobs(self) -> tuple[int | None, int | None]:
-        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
-        return self.logprobs, max(asked, default=None)  # vLLM: echo + logprobs -> prompt logprobs
+        asked, echoed = self.prompt_logprobs, self.logprobs if self.echo else None
+        # vLLM: echo + logprobs -> prompt logprobs (the larger of the two when both are asked for)
+        return self.logprobs, asked if echoed is None else echoed if asked is None else max(asked, echoed)
 
     def check_supported(self) -> None:
         super().check_supported()
