@@ -160,14 +160,14 @@ class CachedTokenizer:
         missing: dict | None = None  # a missed piece's key -> its ids once tokenized
         with self._lock:  # held for lookups only: the tokenizer runs outside it (a thread's big miss never
             get = cache.get  # blocks the loop's hits)
-            found = [key if key.__class__ is int else get(key) for key in keys]
+            found = [key if isinstance(key, int) else get(key) for key in keys]
             if None in found:
                 missing = {key: None for key, got in zip(keys, found, strict=True) if got is None}
                 if max_fresh_chars is not None and _chars(missing) > max_fresh_chars:
                     return None
             move, hits = cache.move_to_end, 0
             for key, got in zip(keys, found, strict=True):
-                if got is not None and key.__class__ is not int:
+                if got is not None and not isinstance(key, int):
                     move(key)
                     hits += len(got)
             self.hit_tokens += hits
@@ -182,7 +182,7 @@ class CachedTokenizer:
             if key.__class__ is int:
                 ids.append(key)
             else:
-                ids += got if got is not None else missing[key]  # type: ignore[index]
+                ids += got if got is not None else missing[key]
         if add_special_tokens:
             ids += self._frame[1]
         return ids
