@@ -109,9 +109,9 @@ class SamplingParams:
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens", f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
-        if self.stop and not all(self.stop):
+        if not all(self.stop):  # any(not s for s in stop), without a generator
             raise SamplingParamsError("stop", "stop strings must be non-empty")
-        if self.stop_token_ids and any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise SamplingParamsError(
                 "stop_token_ids", f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
