@@ -126,9 +126,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         """The output's constraint, its compile charged to the tenant the router named, else to ``user``
         (openai/compile_tenant.py, engine/grammar_pool.py)."""
         constraint = self.structured_outputs_params()
-        if constraint is None:  # most requests (a private attribute costs pydantic's __getattr__ to read)
-            return None
-        tenant = self.__dict__.get("_compile_tenant") or self.user
+        tenant = None if constraint is None else self.__dict__.get("_compile_tenant") or self.user
         return constraint if not tenant else replace(constraint, tenant=tenant)
 
     @property
