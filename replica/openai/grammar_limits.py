@@ -32,7 +32,7 @@ _SO_KINDS = ("json", "regex", "grammar", "choice")
 
 def check_grammar_limits(req: CompletionRequest | ChatCompletionRequest, config: FrontendConfig) -> None:
     """A ProtocolError(400) naming the first field over its limit (module doc)."""
-    for field, kind, value in _constraints(req):
+    for field, kind, value in _constraints(req) if req.sends_constraint else ():
         if kind == "choice":
             _check_choice(field, value, config)
         elif kind == "json":

@@ -27,7 +27,7 @@ from kvmesh.replica.serving.sampling_params import (
     context_overflow,
 )
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
-from pydantic import Field, PrivateAttr
+from pydantic import Field
 
 Flag = Annotated[bool, Field(strict=True)]
 """A JSON boolean: ``"yes"``, ``"true"`` or ``1`` are a 400 naming the field (vLLM's), not a silent True."""
@@ -80,8 +80,6 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     priority: Priority = 0
     """(vLLM) Scheduling priority: lower is served first (``--scheduling-policy priority``), within
     +-PRIORITY_LIMIT. Through a router, the priority its admission granted replaces it (README "Overload")."""
-    _compile_tenant: str | None = PrivateAttr(None)
-    """Whom its grammar compiles are charged to, when its router said (openai/compile_tenant.py)."""
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
@@ -95,6 +93,12 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
         self.check_extras(streaming=bool(self.stream))
+
+    def charge_compiles_to(self, tenant: str | None) -> None:
+        """Charge its grammar compiles to ``tenant``, the one its router named (openai/compile_tenant.py; None: to its
+        ``user``). Kept beside the fields, not among them (no client sends it), nor as a pydantic private attribute
+        (one costs every validation of every request ~1 us)."""
+        self.__dict__["_compile_tenant"] = tenant
 
     def continuation_seed(self, num_generated: int) -> int | None:
         """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
@@ -121,8 +125,9 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     def _constraint(self) -> StructuredOutputsParams | None:
         """The output's constraint, its compile charged to the tenant the router named, else to ``user``
         (openai/compile_tenant.py, engine/grammar_pool.py)."""
-        constraint, tenant = self.structured_outputs_params(), self._compile_tenant or self.user
-        return constraint if constraint is None or not tenant else replace(constraint, tenant=tenant)
+        constraint = self.structured_outputs_params()
+        tenant = None if constraint is None else self.__dict__.get("_compile_tenant") or self.user
+        return constraint if not tenant else replace(constraint, tenant=tenant)
 
     @property
     def include_usage(self) -> bool:
@@ -195,8 +200,9 @@ class CompletionRequest(SamplingFields, RefusedCompletionFields):
         return self.echo and self.max_tokens == 0
 
     def _logprobs(self) -> tuple[int | None, int | None]:
-        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
-        return self.logprobs, max(asked, default=None)  # vLLM: echo + logprobs -> prompt logprobs
+        asked, echoed = self.prompt_logprobs, self.logprobs if self.echo else None
+        # vLLM: echo + logprobs -> prompt logprobs (the larger of the two when both are asked for)
+        return self.logprobs, asked if echoed is None else echoed if asked is None else max(asked, echoed)
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -87,6 +87,8 @@ RefusedChatFields = create_model("RefusedChatFields", __base__=OpenAIBaseModel,
 
 
 _CHAT, _COMPLETION = BOTH | CHAT_ONLY, BOTH | COMPLETION_ONLY
+_REFUSABLE = frozenset(_CHAT) | frozenset(_COMPLETION)
+"""Every field refused on completions or chat."""
 
 
 def refused(request: OpenAIBaseModel) -> dict[str, Refusal]:
@@ -97,7 +99,10 @@ def refused(request: OpenAIBaseModel) -> dict[str, Refusal]:
 def refuse_unimplemented(request: OpenAIBaseModel, table: dict[str, Refusal] | None = None) -> None:
     """A 400 naming the first refused field (by name) that ``request`` sets to something other than unset (of
     ``table``; its endpoint's by default: ``RENDER_ONLY`` for the render routes)."""
-    table = refused(request) if table is None else table
+    if table is None:
+        if request.model_fields_set.isdisjoint(_REFUSABLE):  # most requests send none of them
+            return
+        table = refused(request)
     for name in sorted(request.model_fields_set & table.keys()):  # only what the client sent
         refusal = table[name]
         if not refusal.allows(getattr(request, name)):

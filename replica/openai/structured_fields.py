@@ -58,11 +58,20 @@ class StructuredOutputFields(OpenAIBaseModel):
     guided_decoding_backend: _Text | None = None
     """vLLM's older per-request backend: "xgrammar" or "auto" (xgrammar is the one backend here)."""
 
+    @property
+    def sends_constraint(self) -> bool:
+        """Whether any of the fields is set (most requests: none, and nothing to read further; this is asked per
+        request at the router and the replica)."""
+        return not (self.structured_outputs is None and self.response_format is None and self.guided_json is None
+                    and self.guided_regex is None and self.guided_choice is None and self.guided_grammar is None)
+
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The one constraint the request's fields set (None: none); ``SamplingParamsError`` naming the field."""
         if self.guided_decoding_backend not in BACKENDS:
             raise SamplingParamsError("guided_decoding_backend", "guided_decoding_backend must be 'xgrammar' or "
                                       f"'auto' (the one backend here), got {echo(repr(self.guided_decoding_backend))}")
+        if not self.sends_constraint:
+            return None
         found = [p for p in (self._from_structured_outputs(), self._from_response_format(), *self._from_guided())
                  if p is not None]
         if len(found) > 1:

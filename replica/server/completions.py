@@ -70,7 +70,7 @@ class OpenAIHandlers:
         self.state.check_model(req.model)
         check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
-        req._compile_tenant = compile_tenant(http, self.state.server.internal_key)
+        req.charge_compiles_to(compile_tenant(http, self.state.server.internal_key))
         router_booking(http, self.state.server.internal_key)  # a 403 from anyone but the router, before any work
         return req
 

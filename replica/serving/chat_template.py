@@ -26,6 +26,9 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from kvmesh.replica.serving.json_types import JSONObject
 
+_STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
+"""``str``'s public methods but the two jinja2's sandbox wraps (``_Sandbox.getattr``, ``_Sandbox.call``)."""
+_BUILTIN_METHOD = type("".strip)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 """Message fields transformers aliases to one another; messages with any of them are rendered by transformers."""
 
@@ -95,6 +98,22 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._verdicts: dict[tuple[type, str], bool] = {}
+
+    def getattr(self, obj: object, attribute: str) -> object:
+        """jinja2's answer, directly for a ``str`` method other than the two it wraps (``format``, ``format_map``):
+        safe by its rules (public, of an immutable type), what ``content.strip()`` in every chat template asks."""
+        if obj.__class__ is str and attribute in _STR_METHODS:
+            return getattr(obj, attribute)
+        return super().getattr(obj, attribute)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's names, kept for its keywords
+        """jinja2's call, directly for a bound ``str`` method (no ``unsafe_callable``/``alters_data``, takes no
+        context: jinja2 would call it as it is, less its loop and block variables)."""
+        if __obj.__class__ is _BUILTIN_METHOD and __obj.__self__.__class__ is str and __obj.__name__ in _STR_METHODS:
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            return __obj(*args, **kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
 
     def is_safe_attribute(self, obj: object, attr: str, value: object) -> bool:
         key = (type(obj), attr)

@@ -109,13 +109,12 @@ class SamplingParams:
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens", f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
-        if any(not s for s in self.stop):
+        if not all(self.stop):  # any(not s for s in stop), without a generator
             raise SamplingParamsError("stop", "stop strings must be non-empty")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise SamplingParamsError(
                 "stop_token_ids", f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
+        for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or not 0 <= value <= MAX_LOGPROBS):
                 raise SamplingParamsError(
@@ -134,14 +133,13 @@ class SamplingParams:
                     "logit_bias", f"logit_bias[{token_id}] must be a number in [-100, 100], got {bias!r}")
 
     def _validate_penalties(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or not -2.0 <= value <= 2.0:
+        for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not -2.0 <= value <= 2.0:
                 raise SamplingParamsError(name, f"{name} must be in [-2, 2], got {value!r}")
         rep = self.repetition_penalty
-        if not isinstance(rep, int | float) or isinstance(rep, bool) or not rep > 0.0:
+        if not isinstance(rep, (int, float)) or isinstance(rep, bool) or not rep > 0.0:
             raise SamplingParamsError("repetition_penalty", f"repetition_penalty must be > 0, got {rep!r}")
-        if not isinstance(self.min_p, int | float) or isinstance(self.min_p, bool) or not 0.0 <= self.min_p <= 1.0:
+        if not isinstance(self.min_p, (int, float)) or isinstance(self.min_p, bool) or not 0.0 <= self.min_p <= 1.0:
             raise SamplingParamsError("min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
 
     @property

@@ -149,10 +149,10 @@ class Tokenizer:
         pass through."""
         if isinstance(prompt, str):
             return self.encode(prompt, add_special_tokens=add_special_tokens)
-        ids = list(prompt)
-        try:  # in C: ints (not bools) in [0, vocab); anything else is looked at one by one below
-            msgspec.convert(ids, self._token_ids_type, strict=True)
+        try:  # in C: ints (not bools) in [0, vocab), into a new list; anything else is looked at one by one below
+            return msgspec.convert(prompt, self._token_ids_type, strict=True)
         except msgspec.ValidationError:
+            ids = list(prompt)
             vocab = self.vocab_size  # len(hf) costs ~5 µs: read only on this path
             bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
             if bad is not None:

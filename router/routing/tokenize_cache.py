@@ -157,17 +157,21 @@ class CachedTokenizer:
         keys = self._keys(text)
         cache = self._cache
         found: list  # per key: an added token's id (the int key itself), or its piece's cached ids (None: a miss)
-        missing: dict  # a missed piece's key -> its ids once tokenized
+        missing: dict | None = None  # a missed piece's key -> its ids once tokenized
         with self._lock:  # held for lookups only: the tokenizer runs outside it (a thread's big miss never
-            found = [key if isinstance(key, int) else cache.get(key) for key in keys]  # blocks the loop's hits)
-            missing = {key: None for key, got in zip(keys, found, strict=True) if got is None}
-            if max_fresh_chars is not None and missing and _chars(missing) > max_fresh_chars:
-                return None
+            get = cache.get  # blocks the loop's hits)
+            found = [key if isinstance(key, int) else get(key) for key in keys]
+            if None in found:
+                missing = {key: None for key, got in zip(keys, found, strict=True) if got is None}
+                if max_fresh_chars is not None and _chars(missing) > max_fresh_chars:
+                    return None
+            move, hits = cache.move_to_end, 0
             for key, got in zip(keys, found, strict=True):
                 if got is not None and not isinstance(key, int):
-                    cache.move_to_end(key)
-                    self.hit_tokens += len(got)
-        if missing:
+                    move(key)
+                    hits += len(got)
+            self.hit_tokens += hits
+        if missing is not None:
             for key in missing:
                 missing[key] = self._tokenize(key)
             with self._lock:

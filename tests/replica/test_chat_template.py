@@ -110,6 +110,40 @@ def test_sandbox_refuses_what_transformers_refuses(stories):  # noqa: F811
         render(escape, [{"role": "user", "content": "x"}], True, {})
 
 
+STR_METHODS_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'].strip().upper() }}|{{ m['content'].split(' ') | length }}|"
+    "{{ m['role'].replace('u', 'U', 1) }}|{{ m['content'].split(' ', maxsplit=1) | length }}|{{ m['content'].startswith('a') }}|"
+    "{{ '{}:{}'.format(m['role'], loop.index0) }}|{{ m['content'].title() }}\n{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("content", [" a b ", "plain", "ünï côdé  ", ""])
+def test_str_methods_in_templates_render_as_transformers(stories, content):  # noqa: F811
+    """String methods are called directly (``_Sandbox.getattr``/``call``), ``format`` still through jinja2's
+    sandboxed formatter, keyword arguments included: the text is transformers'."""
+    messages = [{"role": "user", "content": content}, {"role": "assistant", "content": content + "x"}]
+    want = stories.apply_chat_template(messages, chat_template=STR_METHODS_TEMPLATE, tokenize=False)
+    assert render(STR_METHODS_TEMPLATE, messages, False, {}) == want
+
+
+@pytest.mark.parametrize("template", ["{{ '{0.__class__}'.format(messages) }}",
+                                      "{{ '{0.__class__}'.format_map([messages]) }}",
+                                      "{% set f = 'x'.format %}{{ f.__self__.__class__ }}"])
+def test_str_format_stays_sandboxed(stories, template):  # noqa: F811
+    """What transformers answers (its sandbox's text or error), and no class reaches the text."""
+    messages = [{"role": "user", "content": "x"}]
+
+    def outcome(fn):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - the outcome compared is the error's kind
+            return type(e)
+
+    theirs = outcome(lambda: stories.apply_chat_template(messages, chat_template=template, tokenize=False))
+    assert outcome(lambda: render(template, messages, True, {})) == theirs
+    assert not isinstance(theirs, str) or "class" not in theirs
+
+
 def test_namespace_attributes_with_underscores_are_refused(stories):  # noqa: F811
     """Recent transformers refuse ``namespace(_x=...)`` (5.17 still let it through); the server refuses it
     whatever transformers is installed, and where transformers refuses too, with the same error."""

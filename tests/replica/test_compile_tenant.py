@@ -29,7 +29,7 @@ def _constraint(user: str, i: int, router_tenant: str | None, internal: bool = T
     req = CompletionRequest(prompt="Once upon a time", max_tokens=2, user=user,
                             structured_outputs={"choice": [f"{user}-{i}", "x"]})
     headers = {} if router_tenant is None else tenant_header(router_tenant)
-    req._compile_tenant = compile_tenant(_http(headers, internal), INTERNAL_KEY)
+    req.charge_compiles_to(compile_tenant(_http(headers, internal), INTERNAL_KEY))
     constraint = req.to_sampling_params(4, 64).structured_outputs
     assert constraint is not None
     return constraint

@@ -35,10 +35,10 @@ def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId,
     (``device``/``host``: leading prompt blocks each holds per tier). ``loads`` as ``CandidateLoads`` (the
     router's columns) are priced in one vectorised pass (``price_columns``); a plain mapping one by one."""
     if fleet is None:
-        fleet = loads.fleet() if isinstance(loads, CandidateLoads) else FleetRates.of(loads.values())
+        fleet = loads.fleet() if type(loads) is CandidateLoads else FleetRates.of(loads.values())
     price_one, holder, best = _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name,
                                       fleet)
-    if isinstance(loads, CandidateLoads):
+    if type(loads) is CandidateLoads:  # an exact type test: isinstance of a Mapping ABC costs its check
         return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
                              holder, best)
     return Prices.of({rid: price_one(rid) for rid in loads})
@@ -48,7 +48,7 @@ def price_one(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId,
               prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
               lora_name: str | None, replica_id: ReplicaId) -> TTFTEstimate:
     """``price_all``'s estimate of ``replica_id`` alone (a candidate of ``loads``), without pricing the others."""
-    fleet = loads.fleet() if isinstance(loads, CandidateLoads) else FleetRates.of(loads.values())
+    fleet = loads.fleet() if type(loads) is CandidateLoads else FleetRates.of(loads.values())
     return _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet)[0](replica_id)
 
 

@@ -33,9 +33,11 @@ MAX_HIT_FRACTION = 0.95
 """A replica's hit fraction counts up to this in the value of its cached tokens (``h / (1 - h)``, finite)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class TTFTEstimate:
-    """A request's predicted time on one replica, by part (seconds; see the module doc)."""
+    """A request's predicted time on one replica, by part (seconds; see the module doc). A value: built once, never
+    changed (not frozen only because a frozen dataclass sets each field through ``object.__setattr__``, which made
+    building one, once per candidate priced per request, cost twice as much; hashable as a frozen one is)."""
 
     queue_s: float
     interleave_s: float

@@ -205,7 +205,7 @@ class CacheAwareTokensPolicy(Policy):
             weights = [math.exp((best - cost) / t) for cost in costs.values()]
             return self.rng.choices(list(costs), weights)[0]
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        if isinstance(loads, CandidateLoads) and len(loads) >= COLUMNS_FROM_CANDIDATES:
+        if type(loads) is CandidateLoads and len(loads) >= COLUMNS_FROM_CANDIDATES:  # no ABC isinstance per request
             return self._choose_from_columns(prompt, matches, loads)
         # One pass, fields read directly (this runs once per request over every candidate).
         bs, w, wb, get = self.block_size, c.decode_weight, c.backlog_weight, matches.get
