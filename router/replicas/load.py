@@ -45,9 +45,6 @@ class ReplicaLoad:
     recent_prefill: float = 0.0
     """Uncached prompt tokens this router sent here, exponentially decayed (``LoadTracker.churn_tau_s``):
     how fast the replica's cache turns over. In the tracker's scaled units: compare replicas only."""
-    evicting: bool = False
-    """Its KV events have removed a device block since it last lost its cache: the cache is full, and a block stored
-    there evicts one (False: it still stores into free blocks, evicting nothing; router/routing/eviction_ghosts.py)."""
     comeback: float = 0.0
     """Share of the blocks the replica stored lately that it had evicted before (from its KV events:
     router/routing/eviction_ghosts.py): how much reuse its cache is too small to keep."""

@@ -13,8 +13,7 @@ cache's worth of evictions counts; older ones are forgotten), so memory is bound
 replica. Host-tier events (``medium="CPU"``) are not the device caches' and are ignored. A block comes back on another
 replica only where the replicas' external hashes of a block agree (engines hashing with the same seed); else only on
 the replica that evicted it. The router keeps the list only for a policy that prices it (``Policy.tracks_evictions``:
-``cache_aware_tokens`` with ``ghost_weight`` set); else no event pays for it. Whether a replica evicts at all
-(``ReplicaLoad.evicting``: its cache is full) the router keeps always (``apply_evictions``): one flag per replica. No peer router keeps this: Dynamo and llm-d read the same events only to know what is cached now.
+``cache_aware_tokens`` with ``ghost_weight`` set); else no event pays for it. No peer router keeps this: Dynamo and llm-d read the same events only to know what is cached now.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
+from kvmesh.events.schema import HOST_MEDIUM, BlockRemoved, BlockStored
 from kvmesh.router.replicas.load import ReplicaLoad
 
 DEFAULT_GHOST_BLOCKS = 8192
@@ -80,20 +79,3 @@ class EvictionGhosts:
     def num_ghosts(self) -> int:
         """Evicted hashes held now."""
         return len(self._ghosts)
-
-
-def apply_evictions(load: ReplicaLoad, events: Iterable, ghosts: EvictionGhosts | None, num_replicas: int) -> None:
-    """A replica's events into what the router keeps of its evictions: ``load.evicting`` (set by a device
-    ``BlockRemoved``: the cache is full; cleared by ``AllBlocksCleared``: it is empty) and, with ``ghosts``, its
-    ``comeback`` (``EvictionGhosts.apply``)."""
-    evicting = load.evicting
-    for event in events:
-        kind = type(event)
-        if kind is BlockRemoved:
-            evicting = evicting or event.medium != HOST_MEDIUM
-        elif kind is AllBlocksCleared:
-            evicting = False
-    if evicting is not load.evicting:
-        load.evicting = evicting
-    if ghosts is not None:
-        ghosts.apply(load, events, num_replicas)

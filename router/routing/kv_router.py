@@ -21,7 +21,7 @@ from kvmesh.router.replicas.roles import BOTH, check_role
 from kvmesh.router.routing import routable
 from kvmesh.router.routing.cost import FleetRates, observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
-from kvmesh.router.routing.eviction_ghosts import EvictionGhosts, apply_evictions
+from kvmesh.router.routing.eviction_ghosts import EvictionGhosts
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import (
@@ -129,7 +129,6 @@ class KVRouter:
             self.replicas.changed()
             if clear_cache:
                 self.index.clear_replica(replica.id)
-                replica.load.evicting = False  # it restarts with free blocks
                 self.sessions.forget_replica(replica)
 
     def clear_cache(self, replica: Replica) -> None:
@@ -161,7 +160,8 @@ class KVRouter:
         with self.lock:
             if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
-                apply_evictions(replica.load, events, self.ghosts, len(self.replicas))
+                if self.ghosts is not None:
+                    self.ghosts.apply(replica.load, events, len(self.replicas))
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions

@@ -77,27 +77,6 @@ def test_the_router_keeps_comeback_on_the_replicas_load():
     assert router.ghosts.num_ghosts == 0
 
 
-def test_the_router_marks_a_replica_evicting_from_its_first_device_eviction_until_it_loses_its_cache():
-    """``ReplicaLoad.evicting`` (the default's churn counts only there): a stored block evicts nothing; a host-tier
-    removal is not the device cache's; a device ``BlockRemoved`` means the cache is full; ``AllBlocksCleared`` or a
-    death that lost the cache empties it. Kept with the default's options off (no ghost list)."""
-    router = KVRouter(block_size=BS, policy=_policy())
-    a = router.add_replica("a")
-    router.apply_events("a", [stored(TOKENS, BS), removed(TOKENS, BS, [3], medium="CPU")])
-    assert a.load.evicting is False and router.ghosts is None
-    router.apply_events("a", [removed(TOKENS, BS, [3]), stored(TOKENS, BS, 3, 1)])
-    assert a.load.evicting is True
-    router.apply_events("a", [AllBlocksCleared(), stored(TOKENS, BS)])
-    assert a.load.evicting is False
-    router.apply_events("a", [removed(TOKENS, BS, [3]), AllBlocksCleared()])  # in order: empty at the end
-    assert a.load.evicting is False
-    router.apply_events("a", [removed(TOKENS, BS, [3])])
-    router.set_healthy(a, False)  # unreachable, its cache kept
-    assert a.load.evicting is True
-    router.set_healthy(a, False, clear_cache=True)  # died: it comes back with free blocks
-    assert a.load.evicting is False
-
-
 @pytest.mark.parametrize("knobs", [{}, {"price_pulls": True}])
 def test_a_policy_that_prices_no_eviction_keeps_no_ghosts(knobs):
     """With ``ghost_weight`` 0 (the default, pulls priced or not) the router keeps no ghost list and no comeback: the

@@ -156,8 +156,6 @@ def test_unknown_policy_names_the_choices():
 def test_cache_aware_tokens_sends_new_work_to_the_replica_whose_cache_turns_over_slowest():
     policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=1.0), block_size=BS)
     churned = loads(3, r0={"recent_prefill": 3000.0}, r1={"recent_prefill": 1000.0}, r2={"recent_prefill": 2000.0})
-    for load in churned.values():
-        load.evicting = True  # full caches: their intake is turnover
     assert policy.choose(KEYS, TierMatches({}), churned) == "r1"
     assert {policy.choose(KEYS, TierMatches({}), churned) for _ in range(3)} == {"r1"}
     blind = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=0.0), block_size=BS)
@@ -166,7 +164,7 @@ def test_cache_aware_tokens_sends_new_work_to_the_replica_whose_cache_turns_over
 
 def test_cache_aware_tokens_churn_does_not_move_a_request_off_its_cached_prefix():
     policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=1.0), block_size=BS)
-    churned = loads(2, r0={"recent_prefill": 9000.0, "evicting": True}, r1={"recent_prefill": 1000.0, "evicting": True})
+    churned = loads(2, r0={"recent_prefill": 9000.0}, r1={"recent_prefill": 1000.0})
     assert policy.choose(KEYS, TierMatches({"r0": 60}), churned) == "r0"
 
 
@@ -216,43 +214,7 @@ def test_cache_aware_tokens_choice_is_the_minimum_of_its_reported_costs():
 def _check_choice_is_min_cost(policy, rng):
     for _ in range(200):
         many = loads(8, **{f"r{i}": {"recent_prefill": rng.uniform(0, 5000), "in_flight": rng.randrange(20),
-                                     "queued_prefill_tokens": rng.randrange(6000), "evicting": rng.random() < 0.7}
-                           for i in range(8)})
+                                     "queued_prefill_tokens": rng.randrange(6000)} for i in range(8)})
         matches = {f"r{i}": rng.randrange(65) for i in range(8) if rng.random() < 0.5}
         costs = policy.costs(KEYS, matches, many)
         assert costs[policy.choose(KEYS, TierMatches(matches), many)] == pytest.approx(min(costs.values()))
-
-
-def _tenant_fleet(evicting: bool) -> dict[str, ReplicaLoad]:
-    """A tenant's first request (1,024 tokens) still queued on r0, which holds its 768-token system prompt; three
-    replicas idle. ``evicting``: every cache has evicted a block (full), else none has (the fleet is filling)."""
-    fleet = loads(4, r0={"pending_prefill_tokens": 1024, "in_flight": 1, "recent_prefill": 1024.0})
-    for load in fleet.values():
-        load.evicting = evicting
-    return fleet
-
-
-def test_cache_aware_tokens_keeps_a_prefix_on_its_replica_while_no_cache_evicts():
-    """While no replica has evicted a block, a stored token evicts nothing anywhere: r0's intake is no turnover, and the
-    tenant's second request stays where its system prompt is (256 tokens to compute, not 1,024 on an idle replica: a
-    second copy of the prompt). Once the caches evict, r0's young tail is priced as before and the request goes to an
-    idle replica, whose old tail is the cheaper eviction."""
-    policy = get_policy("cache_aware_tokens", block_size=BS)  # the defaults
-    assert policy.choose(KEYS, TierMatches({"r0": 48}), _tenant_fleet(evicting=False)) == "r0"
-    assert policy.costs(KEYS, {"r0": 48}, _tenant_fleet(evicting=False)) == {
-        "r0": 256 + 0.15 * 1024 + 8, "r1": 1024, "r2": 1024, "r3": 1024}  # tokens, no turnover factor
-    assert policy.choose(KEYS, TierMatches({"r0": 48}), _tenant_fleet(evicting=True)) != "r0"
-
-
-def test_cache_aware_tokens_prices_a_replica_with_free_blocks_at_the_turnover_floor():
-    """A replica that has not evicted stores into free blocks: its intake is no turnover, whatever it took in; the
-    churn ratio of a cache that evicts is its intake over the mean intake of the caches that evict (r0, r1: 2,000),
-    so a fleet half idle does not make every full cache look twice as fast."""
-    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_clamp=4.0), block_size=BS)
-    fleet = loads(4, r0={"recent_prefill": 3000.0, "evicting": True}, r1={"recent_prefill": 1000.0, "evicting": True},
-                  r2={"recent_prefill": 9000.0})
-    costs = policy.costs(KEYS, {}, fleet)
-    assert costs["r0"] == pytest.approx(1024 * 1.5)  # churn_weight 1: a token costs the ratio
-    assert costs["r1"] == pytest.approx(1024 * 0.5)
-    assert costs["r2"] == costs["r3"] == pytest.approx(1024 / 4)  # the floor: ratio 1 / churn_clamp
-    assert {policy.choose(KEYS, TierMatches({}), fleet) for _ in range(4)} == {"r2", "r3"}  # they tie

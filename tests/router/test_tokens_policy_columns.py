@@ -1,8 +1,7 @@
 """``cache_aware_tokens`` (the default) prices its candidates in one numpy pass over the load columns when the
 router hands it ``CandidateLoads``: its choices equal the one-by-one loop's over a plain dict, on randomized fleets
-(queued and pending prefill, other router workers' in-flight requests, churn, caches that evict and caches with free
-blocks, backlogs past the release point, identical replicas that tie, idle replicas), and its costs are
-``costs()``'s."""
+(queued and pending prefill, other router workers' in-flight requests, churn, backlogs past the release point,
+identical replicas that tie, idle replicas), and its costs are ``costs()``'s."""
 
 from __future__ import annotations
 
@@ -39,20 +38,12 @@ def _idle(router, rng: random.Random) -> None:
         load.recent_prefill = 0.0
 
 
-def _evicting(router, rng: random.Random) -> None:
-    """Some caches full (their intake is churn), the others still with free blocks; sometimes none full."""
-    share = rng.choice((0.0, 0.5, 1.0))
-    for load in router.loads.loads.values():
-        load.evicting = rng.random() < share
-
-
 def test_the_columns_choose_what_the_loop_chooses_on_random_fleets():
     compared = 0
     for seed in range(300):
         rng = random.Random(seed)
         router, ids = random_router(rng)
         _idle(router, rng)
-        _evicting(router, rng)
         config = _config(rng)
         fast, full = CacheAwareTokensPolicy(config, BS, seed), CacheAwareTokensPolicy(config, BS, seed)
         for _ in range(6):
@@ -77,7 +68,6 @@ def test_the_chosen_replica_is_the_cheapest_by_costs():
     for seed in range(100):
         rng = random.Random(seed)
         router, ids = random_router(rng)
-        _evicting(router, rng)
         policy = CacheAwareTokensPolicy(_config(rng), BS, seed)
         prompt = rng.choice((5, 64, 600))
         device = {rid: rng.randint(0, prompt // BS) for rid in rng.sample(ids, rng.randint(0, len(ids)))}

@@ -92,10 +92,9 @@ class LoadColumns:
         """``h / (1 - h)``: hit tokens a token cached there brings (``h`` its recent hit fraction, capped)."""
         self.offset, self.scale, self.arrival = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
         """The TTFT correction's offset and scale, the arrival rate."""
-        self.churn = np.zeros(n, f8)
-        """Prompt tokens this router sent to be computed there, decayed, once its cache evicts, else 0
-        (``cache_aware_tokens``' churn, ``churn_of``)."""
-        self.kv_transfer, self.has_lora, self.evicting = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+        self.recent_prefill = np.zeros(n, f8)
+        """Prompt tokens this router sent to be computed there, decayed (``cache_aware_tokens``' churn)."""
+        self.kv_transfer, self.has_lora = np.zeros(n, bool), np.zeros(n, bool)
         self.everyone = np.ones(n, bool)
         """Every row (the mask of ``fleet`` over all replicas)."""
         stale = self._stale
@@ -135,8 +134,7 @@ class LoadColumns:
         hit = min(hit, MAX_HIT_FRACTION)
         self.hit_worth[row] = hit / (1 - hit)
         self.arrival[row] = load.arrival_rate
-        self.evicting[row] = evicting = load.evicting
-        self.churn[row] = load.recent_prefill if evicting else 0.0
+        self.recent_prefill[row] = load.recent_prefill
         self.offset[row], self.scale[row] = load.ttft_offset_s, load.ttft_correction
         self.bytes_per_token[row] = load.kv_bytes_per_token or 0
         self.kv_transfer[row], self.has_lora[row] = load.kv_transfer_enabled, lora is not None

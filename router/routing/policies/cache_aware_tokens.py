@@ -10,9 +10,8 @@ For each candidate replica ``r``, in prefill-token units::
 
     steps(r) = max(1, (prefill_backlog(r) + uncached(r)) / decode_step_tokens)   steps until our first token
 
-    turnover(r) = 1 + churn_weight * (x - 1),   x = churn(r) / mean churn, clamped to [1 / churn_clamp, churn_clamp]
-    churn(r) = recent_prefill(r) once its cache evicts (``ReplicaLoad.evicting``), else 0;
-    mean churn: over the candidates whose caches evict
+    turnover(r) = 1 + churn_weight * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
+                                                  clamped to [1 / churn_clamp, churn_clamp]
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
 replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
@@ -22,10 +21,7 @@ request gets back (and a burst sharing a new prefix stays on the replica that is
 from the tail of its LRU, and a replica that takes in new tokens faster than the others has a
 younger, likelier-reused tail. Steering new work towards slow-turnover replicas makes the
 partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
-evicted from every replica). Intake is turnover only where the cache is full: until a replica's KV events
-remove a block it stores into free blocks and evicts nothing, so its churn is 0 (the floor), and in a fleet
-where no cache evicts yet there is no turnover term at all (a cold fleet keeps a shared prefix on the replica
-computing it rather than copy it onto idle replicas that would have evicted nothing either). ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
+evicted from every replica). ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
 what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
 token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
 backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
@@ -55,7 +51,6 @@ from operator import attrgetter
 
 import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
-from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.cost import FleetRates
 from kvmesh.router.routing.cost.estimate import adapter_s
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
@@ -71,19 +66,11 @@ from kvmesh.router.routing.policies.cache_aware_tokens_config import CacheAwareT
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
+_RECENT_PREFILL = attrgetter("recent_prefill")
 COLUMNS_FROM_CANDIDATES = 64
 """Candidates from which ``choose`` prices them in one numpy pass (below, numpy's fixed cost per call outweighs the
 loop's: 0.12 against 0.10 ms per decision at 16 replicas, 0.14 against 0.15 at 128, ``kvmesh bench
 route_scaling``)."""
-
-
-_EVICTING = attrgetter("evicting")
-
-
-def churn_of(load: ReplicaLoad) -> float:
-    """How fast a replica's cache turns over: its ``recent_prefill`` once the cache evicts, else 0 (it stores into
-    free blocks)."""
-    return load.recent_prefill if load.evicting else 0.0
 
 
 class CacheAwareTokensPolicy(Policy):
@@ -119,7 +106,7 @@ class CacheAwareTokensPolicy(Policy):
             backlog = load.prefill_backlog
             steps = self._steps(backlog + uncached)
             if churn:
-                uncached *= self._turnover(churn * churn_of(load))
+                uncached *= self._turnover(churn * load.recent_prefill)
             out[rid] = uncached + self._backlog_cost(backlog) + w * steps * load.decode_load
         return out
 
@@ -140,7 +127,7 @@ class CacheAwareTokensPolicy(Policy):
         for rid, load in loads.items():
             s, backlog = stored[rid], load.prefill_backlog
             steps = self._steps(backlog + s.computed)
-            price = s.price * self._turnover(churn * churn_of(load)) if churn and s.price else s.price
+            price = s.price * self._turnover(churn * load.recent_prefill) if churn and s.price else s.price
             out[rid] = price + s.damage + self._backlog_cost(backlog) + c.decode_weight * steps * load.decode_load
         return out
 
@@ -161,11 +148,11 @@ class CacheAwareTokensPolicy(Policy):
         return any(load.lora is not None and lora_name in load.lora.adapters for load in loads.values())
 
     def _churn_factor(self, loads: Loads) -> float:
-        """``1 / mean churn`` over the candidates whose caches evict (0: no churn term: none evicts, or none took in)."""
+        """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
         if not self.config.churn_weight:
             return 0.0
-        total = sum(map(churn_of, loads.values()))
-        return sum(map(_EVICTING, loads.values())) / total if total > 0 else 0.0
+        total = sum(map(_RECENT_PREFILL, loads.values()))
+        return len(loads) / total if total > 0 else 0.0
 
     def _turnover(self, ratio: float) -> float:
         clamp = self.config.churn_clamp
@@ -234,7 +221,7 @@ class CacheAwareTokensPolicy(Policy):
             backlog = load.prefill_backlog
             steps = (backlog + cost) / step
             if cost and churn:  # turnover(), inlined: this loop runs over every candidate per request
-                x = churn * load.recent_prefill if load.evicting else 0.0
+                x = churn * load.recent_prefill
                 cost *= 1 + cw * ((hi if x > hi else lo if x < lo else x) - 1)
             cost += wb * backlog + w * (steps if steps > 1 else 1) * load.decode_load
             if backlog > release:
@@ -261,10 +248,10 @@ class CacheAwareTokensPolicy(Policy):
         cost = np.maximum(prompt - self.block_size * cached[rows], 0).astype(np.float64)  # [k] uncached tokens
         backlog, decode = cols.backlog[rows], cols.batch[rows]
         steps = np.maximum((backlog + cost) / c.decode_step_tokens, 1.0)
-        recent = cols.churn[rows]
+        recent = cols.recent_prefill[rows]
         total = sum(recent.tolist()) if c.churn_weight else 0.0  # summed as _churn_factor sums, in row order
         if total > 0:
-            x = np.clip((int(cols.evicting[rows].sum()) / total) * recent, 1 / c.churn_clamp, c.churn_clamp)
+            x = np.clip((len(rows) / total) * recent, 1 / c.churn_clamp, c.churn_clamp)
             cost = np.where(cost != 0, cost * (1 + c.churn_weight * (x - 1)), cost)
         cost = cost + (c.backlog_weight * backlog + c.decode_weight * steps * decode)
         release = c.backlog_release_tokens
