@@ -218,3 +218,19 @@ def _check_choice_is_min_cost(policy, rng):
         matches = {f"r{i}": rng.randrange(65) for i in range(8) if rng.random() < 0.5}
         costs = policy.costs(KEYS, matches, many)
         assert costs[policy.choose(KEYS, TierMatches(matches), many)] == pytest.approx(min(costs.values()))
+
+
+def test_cache_aware_tokens_turnover_spread_outweighs_a_hit_of_three_quarters_of_the_prompt():
+    """Why the default copies each chatbot tenant's system prompt once (docs/benchmarks/routing-against-peers.md): a
+    tenant's second request arrives while r0, the only replica that took in its tokens, still computes the first. r0
+    holds three quarters of the prompt, but its intake puts it at the churn clamp (2 per uncached token) and an idle
+    replica at the floor (1/2): a spread of 4 that a hit saving 3/4 of the prompt cannot outweigh, so the request and
+    a copy of the prompt go to an idle replica. Without the turnover term it stays."""
+    fleet = loads(4, r0={"pending_prefill_tokens": 1024, "in_flight": 1, "recent_prefill": 1024.0})
+    policy = get_policy("cache_aware_tokens", block_size=BS)  # the defaults: churn_weight 1, churn_clamp 2
+    idle = 1024 / 2
+    assert policy.costs(KEYS, {"r0": 48}, fleet) == pytest.approx(
+        {"r0": 256 * 2 + 0.15 * 1024 + 8, "r1": idle, "r2": idle, "r3": idle})  # 8: one running request, one step
+    assert policy.choose(KEYS, TierMatches({"r0": 48}), fleet) != "r0"
+    blind = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=0.0), block_size=BS)
+    assert blind.choose(KEYS, TierMatches({"r0": 48}), fleet) == "r0"
