@@ -46,9 +46,11 @@ def decode_step_of(config: SimConfig, context_tokens: int = 0) -> DecodeStepLoad
                           s_per_context_token=cost.decode_s_per_context_token, context_tokens=context_tokens)
 
 
-def sim_load_rates(load: ReplicaLoad, config: SimConfig) -> None:
-    """A new replica's rates in the router's view before any poll: the cost model's constants."""
+def sim_load_rates(load: ReplicaLoad, config: SimConfig, num_kv_blocks: int) -> None:
+    """A new replica's rates in the router's view before any poll: the cost model's constants, and its cache's
+    blocks (``num_kv_blocks``, its null block included, as its ``/load`` reports them)."""
     cost = config.cost
+    load.num_kv_blocks = num_kv_blocks
     load.prefill_tokens_per_s = _rate(cost.prefill_s_per_token)
     load.kv_block_bytes = config.engine.block_size
     load.h2d_bytes_per_s = _rate(cost.load_s_per_token)
