@@ -26,7 +26,6 @@ from collections.abc import Iterable
 
 from kvmesh.events.schema import HOST_MEDIUM, BlockRemoved, BlockStored
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.replicas.replica import ReplicaId
 
 DEFAULT_GHOST_BLOCKS = 8192
 """Evicted block hashes kept for a replica that has not reported its cache size (``num_kv_blocks``) yet."""
@@ -35,8 +34,9 @@ DEFAULT_WINDOW_BLOCKS = 1024
 
 
 class EvictionGhosts:
-    """Each replica's recent evictions (keys only, one cache deep); each replica's share of stores that re-store one of
-    the fleet's ghosts is kept on its load record (``ReplicaLoad.comeback``, with its counts)."""
+    """The fleet's ghosts: each replica's recent evictions (keys only, one cache deep, on its load record:
+    ``ReplicaLoad.evicted``); each replica's share of stores that re-store one of them is kept on its load record too
+    (``ReplicaLoad.comeback``, with its counts)."""
 
     def __init__(self, capacity_blocks: int = DEFAULT_GHOST_BLOCKS,
                  window_blocks: int = DEFAULT_WINDOW_BLOCKS) -> None:
@@ -47,26 +47,25 @@ class EvictionGhosts:
         """Evicted hashes kept for a replica that reported no cache size."""
         self.rate = 1.0 / window_blocks
         """Weight of one stored block in ``comeback``."""
-        self._lists: dict[ReplicaId, OrderedDict] = {}
-        """Replica id -> its evicted external block hashes (-> None), the oldest eviction first."""
-        self._held: dict = {}
-        """Evicted hash -> how many replicas' lists hold it (a store of any of them is a comeback)."""
+        self._held: dict[object, list[OrderedDict]] = {}
+        """Evicted hash -> the ghost lists holding it (a store of it, on any replica, is a comeback)."""
 
-    def apply(self, replica_id: ReplicaId, load: ReplicaLoad, events: Iterable) -> None:
+    def apply(self, load: ReplicaLoad, events: Iterable) -> None:
         """Take one replica's events (device medium only) into its ghost list and its ``load.comeback``."""
         for event in events:
             kind = type(event)
             if kind is BlockRemoved and event.medium != HOST_MEDIUM:
                 cap = load.num_kv_blocks - 1 if load.num_kv_blocks > 1 else self.capacity_blocks  # less the null block
-                self._evicted(self._lists.setdefault(replica_id, OrderedDict()), event.block_hashes, cap)
+                self._evicted(load.evicted, event.block_hashes, cap)
             elif kind is BlockStored and event.medium != HOST_MEDIUM:
                 self._stored(load, event.block_hashes)
         # a reset (AllBlocksCleared) evicts nothing: what it dropped is not a ghost
 
-    def forget(self, replica_id: ReplicaId) -> None:
+    def forget(self, load: ReplicaLoad) -> None:
         """Drop a replica's ghost list (it left the fleet)."""
-        for h in self._lists.pop(replica_id, ()):
-            self._release(h)
+        for h in load.evicted:
+            self._release(h, load.evicted)
+        load.evicted.clear()
 
     def _evicted(self, ghosts: OrderedDict, hashes: Iterable, cap: int) -> None:
         held = self._held
@@ -75,24 +74,28 @@ class EvictionGhosts:
                 ghosts.move_to_end(h)
             else:
                 ghosts[h] = None
-                held[h] = held.get(h, 0) + 1
+                held.setdefault(h, []).append(ghosts)
         while len(ghosts) > cap:
-            self._release(ghosts.popitem(last=False)[0])
+            self._release(ghosts.popitem(last=False)[0], ghosts)
 
-    def _release(self, h) -> None:
-        """One list less holds ``h``."""
-        n = self._held.pop(h) - 1
-        if n:
-            self._held[h] = n
+    def _release(self, h, ghosts: OrderedDict) -> None:
+        """``ghosts`` no longer holds ``h``."""
+        lists = self._held[h]
+        for i, other in enumerate(lists):
+            if other is ghosts:  # the same list (two lists holding the same hashes compare equal)
+                del lists[i]
+                break
+        if not lists:
+            del self._held[h]
 
     def _stored(self, load: ReplicaLoad, hashes: Iterable) -> None:
         rate, share, held = self.rate, load.comeback, self._held
         for h in hashes:
-            back = h in held
+            lists = held.pop(h, None)
+            back = lists is not None
             if back:  # its ghosts consumed, in every list holding one
-                del held[h]
-                for ghosts in self._lists.values():
-                    ghosts.pop(h, None)
+                for ghosts in lists:
+                    del ghosts[h]
             share += rate * ((1.0 if back else 0.0) - share)
             load.came_back_blocks += back
             load.stored_blocks += 1

@@ -92,7 +92,7 @@ class KVRouter:
         self.index.remove_replica(replica.id)
         self.sessions.forget_replica(replica)
         if self.ghosts is not None:
-            self.ghosts.forget(replica.id)
+            self.ghosts.forget(replica.load)
 
     @property
     def block_size(self) -> int:
@@ -163,7 +163,7 @@ class KVRouter:
             if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
                 if self.ghosts is not None:
-                    self.ghosts.apply(replica_id, replica.load, events)
+                    self.ghosts.apply(replica.load, events)
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions

@@ -24,33 +24,33 @@ def test_a_block_stored_again_after_its_eviction_came_back():
     """Window 4 (each stored block weighs 1/4): two fresh blocks 0; one that came back 1/4; a fresh one after it
     3/4 of that."""
     ghosts, r = EvictionGhosts(capacity_blocks=16, window_blocks=4), ReplicaLoad()
-    ghosts.apply("r", r, [stored(TOKENS, BS, 0, 2)])
+    ghosts.apply(r, [stored(TOKENS, BS, 0, 2)])
     assert r.comeback == 0.0
-    ghosts.apply("r", r, [removed(TOKENS, BS, [1])])
-    ghosts.apply("r", r, [stored(TOKENS, BS, 1, 1)])
+    ghosts.apply(r, [removed(TOKENS, BS, [1])])
+    ghosts.apply(r, [stored(TOKENS, BS, 1, 1)])
     assert r.comeback == pytest.approx(0.25)
-    ghosts.apply("r", r, [stored(TOKENS, BS, 2, 1)])
+    ghosts.apply(r, [stored(TOKENS, BS, 2, 1)])
     assert r.comeback == pytest.approx(0.25 * 0.75)
     assert (r.stored_blocks, r.came_back_blocks) == (4, 1) and ghosts.num_ghosts == 0  # its ghost consumed
 
 
 def test_the_ghost_list_is_bounded_and_forgets_the_oldest():
     ghosts, r = EvictionGhosts(capacity_blocks=2, window_blocks=1), ReplicaLoad()
-    ghosts.apply("r", r, [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
+    ghosts.apply(r, [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
     assert ghosts.num_ghosts == 2
-    ghosts.apply("r", r, [stored(TOKENS, BS, 0, 1)])
+    ghosts.apply(r, [stored(TOKENS, BS, 0, 1)])
     assert r.comeback == 0.0  # forgotten: not a comeback
-    ghosts.apply("r", r, [stored(TOKENS, BS, 1, 1)])
+    ghosts.apply(r, [stored(TOKENS, BS, 1, 1)])
     assert r.comeback == 1.0  # window 1: the last stored block alone
 
 
 def test_host_tier_events_and_resets_are_not_evictions():
     ghosts, r = EvictionGhosts(window_blocks=1), ReplicaLoad()
-    ghosts.apply("r", r, [stored(TOKENS, BS), removed(TOKENS, BS, [0], medium="CPU")])
-    ghosts.apply("r", r, [stored(TOKENS, BS, 0, 1)])
+    ghosts.apply(r, [stored(TOKENS, BS), removed(TOKENS, BS, [0], medium="CPU")])
+    ghosts.apply(r, [stored(TOKENS, BS, 0, 1)])
     assert r.comeback == 0.0
-    ghosts.apply("r", r, [AllBlocksCleared()])  # a reset evicts nothing: what it dropped is no ghost
-    ghosts.apply("r", r, [stored(TOKENS, BS, 1, 1)])
+    ghosts.apply(r, [AllBlocksCleared()])  # a reset evicts nothing: what it dropped is no ghost
+    ghosts.apply(r, [stored(TOKENS, BS, 1, 1)])
     assert r.comeback == 0.0
     with pytest.raises(ValueError, match="capacity_blocks"):
         EvictionGhosts(capacity_blocks=0)
@@ -59,10 +59,10 @@ def test_host_tier_events_and_resets_are_not_evictions():
 def test_a_block_one_replica_evicted_comes_back_on_another():
     """A request moved away from its prefix brings the blocks its old replica lost back elsewhere."""
     ghosts, a, b = EvictionGhosts(capacity_blocks=1, window_blocks=1), ReplicaLoad(), ReplicaLoad()
-    ghosts.apply("a", a, [stored(TOKENS, BS, 0, 1), removed(TOKENS, BS, [0])])
-    ghosts.apply("b", b, [stored(TOKENS, BS, 1, 1), removed(TOKENS, BS, [1])])  # a list each
+    ghosts.apply(a, [stored(TOKENS, BS, 0, 1), removed(TOKENS, BS, [0])])
+    ghosts.apply(b, [stored(TOKENS, BS, 1, 1), removed(TOKENS, BS, [1])])  # a list each
     assert ghosts.num_ghosts == 2
-    ghosts.apply("b", b, [stored(TOKENS, BS, 0, 1)])
+    ghosts.apply(b, [stored(TOKENS, BS, 0, 1)])
     assert b.comeback == 1.0 and a.comeback == 0.0 and ghosts.num_ghosts == 1
 
 
@@ -70,16 +70,16 @@ def test_each_replicas_ghosts_are_one_cache_deep():
     """A replica reporting 3 cache blocks (2 and its null block) keeps its last 2 evictions; one with 5 keeps 4, as
     deep as its cache: a block re-stored past its evicting cache's depth did not come back."""
     ghosts, small, big = EvictionGhosts(window_blocks=1), ReplicaLoad(num_kv_blocks=3), ReplicaLoad(num_kv_blocks=5)
-    ghosts.apply("small", small, [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
-    ghosts.apply("big", big, [stored(TOKENS, BS, salt="b"), removed(TOKENS, BS, [0, 1, 2], salt="b")])  # all three
+    ghosts.apply(small, [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
+    ghosts.apply(big, [stored(TOKENS, BS, salt="b"), removed(TOKENS, BS, [0, 1, 2], salt="b")])  # all three
     assert ghosts.num_ghosts == 5
-    ghosts.apply("small", small, [stored(TOKENS, BS, 0, 1)])
+    ghosts.apply(small, [stored(TOKENS, BS, 0, 1)])
     assert small.comeback == 0.0  # past the small cache's depth
-    ghosts.apply("small", small, [stored(TOKENS, BS, 0, 1, salt="b")])
+    ghosts.apply(small, [stored(TOKENS, BS, 0, 1, salt="b")])
     assert small.comeback == 1.0  # within the big one's, wherever it comes back
-    ghosts.forget("big")  # gone from the fleet: its ghosts with it
+    ghosts.forget(big)  # gone from the fleet: its ghosts with it
     assert ghosts.num_ghosts == 2
-    ghosts.apply("small", small, [stored(TOKENS, BS, 1, 1, salt="b")])
+    ghosts.apply(small, [stored(TOKENS, BS, 1, 1, salt="b")])
     assert small.comeback == 0.0
 
 
