@@ -7,6 +7,7 @@ counters exact and shares them between router processes.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,6 +53,9 @@ class ReplicaLoad:
     """Device blocks its KV events stored (the blocks ``comeback`` is taken over)."""
     came_back_blocks: int = 0
     """Of ``stored_blocks``, those that came back after an eviction (on it or another replica)."""
+    evicted: OrderedDict[object, None] = field(default_factory=OrderedDict)
+    """Its ghost list: the device blocks it evicted lately (external hashes -> None), the oldest first, one cache deep
+    (router/routing/eviction_ghosts.py; kept only for a policy that prices comeback)."""
 
     prefill_tokens_per_s: float | None = None
     """Prompt tokens per second the replica measured itself computing (None: not reported)."""

@@ -28,7 +28,7 @@ tiers has no host slot at all. Every other medium ("GPU", None) is the engine's 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import and_, or_
 
@@ -272,7 +272,7 @@ class PrefixIndex:
         one walk of the masks; with ``pullable``, the GPU pools' without predictions too (``TierMatches.pullable``)."""
         held = self._match_slots(keys, now)
         if not self.host_tiers:
-            return TierMatches(held, {}, self.predictions.real(keys, held, self._replicas) if pullable else None)
+            return TierMatches(held, {}, self.held(keys, held) if pullable else None)
         device: dict[ReplicaId, int] = {}
         host: dict[ReplicaId, int] = {}
         for owner, blocks in held.items():
@@ -280,7 +280,12 @@ class PrefixIndex:
                 host[owner.replica_id] = blocks
             else:
                 device[owner] = blocks
-        return TierMatches(device, host, self.predictions.real(keys, device, self._replicas) if pullable else None)
+        return TierMatches(device, host, self.held(keys, device) if pullable else None)
+
+    def held(self, keys: Sequence[int], matches: Mapping[ReplicaId, int]) -> dict[ReplicaId, int]:
+        """``matches`` (from ``match``) cut at each replica's first block only predicted: the blocks its events
+        confirmed, what a peer pull can move from it now."""
+        return self.predictions.real(keys, matches, self._replicas)
 
     def _match_slots(self, keys: Sequence[int], now: float | None) -> dict:
         """Per slot's owner (a replica's id, or its ``HostTierSlot``), the leading blocks of ``keys`` it holds."""

@@ -23,8 +23,10 @@ there, refused the cheap splits of short local prefills). A replica without a me
 that cannot be priced), or ``pd_ttft_slack_s`` None, leaves the token rules: the least loaded prefill replica
 with room.
 
-**Peer pull.** When the policy sends a request away from the replica holding the most of its prefix (load),
-the chosen replica can pull the holder's extra blocks instead of computing them (``price_pull``)::
+**Peer pull.** When the policy (any policy) sends a request away from the replica holding the most of its prefix
+(load), the chosen replica can pull the holder's extra blocks instead of computing them (``price_pull``). A holder's
+blocks are those its events confirmed: one credited to it for a request still queued there is not there yet, and a
+pull of it would move nothing::
 
     pull_s      = extra blocks * bytes per block / chosen's pull_bytes_per_s + peer_pull_overhead_s
     recompute_s = extra blocks * block_size / chosen's prefill_tokens_per_s

@@ -91,6 +91,8 @@ class KVRouter:
         self.untrusted.discard(replica)
         self.index.remove_replica(replica.id)
         self.sessions.forget_replica(replica)
+        if self.ghosts is not None:
+            self.ghosts.forget(replica.load)
 
     @property
     def block_size(self) -> int:
@@ -161,7 +163,7 @@ class KVRouter:
             if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
                 if self.ghosts is not None:
-                    self.ghosts.apply(replica.load, events, len(self.replicas))
+                    self.ghosts.apply(replica.load, events)
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions
@@ -197,7 +199,7 @@ class KVRouter:
             replica = self.replicas.get(replica_id)
             if commit:
                 self._credit(replica, keys, session_id, now, tiers.device.get(replica_id, 0))
-            pull = self._plan_pull(replica, tiers, num_tokens, excluded, pool)
+            pull = self._plan_pull(replica, keys, tiers, num_tokens, excluded, pool)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
@@ -258,14 +260,21 @@ class KVRouter:
         with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
             observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
 
-    def _plan_pull(self, chosen: Replica, tiers: TierMatches, num_prompt_tokens: int,
+    def _plan_pull(self, chosen: Replica, keys: list[int], tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:
-        """A peer pull for the chosen replica (under the lock; router/routing/kv_placement.py)."""
+        """A peer pull for the chosen replica, whatever the policy (under the lock; router/routing/kv_placement.py):
+        from the blocks a holder's events confirmed, what it can hand over now (``TierMatches.pullable``), never
+        those credited to it for a request still queued there (a pull of them would move nothing)."""
         rules, bs, device = self.transfers, self.hasher.block_size, tiers.device
-        matches = device if tiers.pullable is None else tiers.pullable  # what a holder can hand over now
         usable = reusable_blocks(num_prompt_tokens, bs)
         own = min(max(device.get(chosen.id, 0), tiers.host.get(chosen.id, 0)), usable)
-        if not rules.peer_pulls or not matches or own >= usable:
+        if not rules.peer_pulls or own >= usable or not chosen.load.kv_transfer_enabled:
+            return None
+        matches = tiers.pullable
+        if matches is None:  # not matched for the policy: the holders that could add blocks, cut at their predictions
+            more = {rid: m for rid, m in device.items() if m > own and rid != chosen.id}
+            matches = self.index.held(keys, more) if more else more
+        if not matches:
             return None
         # a pull's source: healthy, of any role, within the pool (another model's replica holds other KV)
         holder_id, held = pull_source(chosen, own, matches, self.replicas.healthy_within(excluded, pool), usable)

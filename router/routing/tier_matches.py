@@ -27,8 +27,9 @@ class TierMatches:
     """Replica id -> leading blocks of the prompt in its host-memory tier; empty without tiers."""
     pullable: Matches | None = None
     """``device`` without predictions: the blocks events confirmed, what a peer pull can move now (a block credited
-    to a replica for a request still queued there is not there yet); None: not asked for (the router asks when its
-    policy prices pulls, ``Policy.prices_pulls``)."""
+    to a replica for a request still queued there is not there yet); None: not matched for the policy (the router
+    asks when its policy prices pulls, ``Policy.prices_pulls``, and otherwise cuts the holders' matches when it plans
+    a pull)."""
 
     def without(self, replica_ids: Collection[ReplicaId]) -> TierMatches:
         """The same matches less those of ``replica_ids`` (degraded replicas: routed by load only)."""

@@ -59,11 +59,43 @@ def test_host_tier_events_and_resets_are_not_evictions():
 def test_a_block_one_replica_evicted_comes_back_on_another():
     """A request moved away from its prefix brings the blocks its old replica lost back elsewhere."""
     ghosts, a, b = EvictionGhosts(capacity_blocks=1, window_blocks=1), ReplicaLoad(), ReplicaLoad()
-    ghosts.apply(a, [stored(TOKENS, BS, 0, 1), removed(TOKENS, BS, [0])], num_replicas=2)
-    ghosts.apply(b, [stored(TOKENS, BS, 1, 1), removed(TOKENS, BS, [1])], num_replicas=2)  # room for two
+    ghosts.apply(a, [stored(TOKENS, BS, 0, 1), removed(TOKENS, BS, [0])])
+    ghosts.apply(b, [stored(TOKENS, BS, 1, 1), removed(TOKENS, BS, [1])])  # a list each
     assert ghosts.num_ghosts == 2
-    ghosts.apply(b, [stored(TOKENS, BS, 0, 1)], num_replicas=2)
-    assert b.comeback == 1.0 and a.comeback == 0.0
+    ghosts.apply(b, [stored(TOKENS, BS, 0, 1)])
+    assert b.comeback == 1.0 and a.comeback == 0.0 and ghosts.num_ghosts == 1
+
+
+def test_each_replicas_ghosts_are_one_cache_deep():
+    """A replica reporting 3 cache blocks (2 and its null block) keeps its last 2 evictions; one with 5 keeps 4, as
+    deep as its cache: a block re-stored past its evicting cache's depth did not come back."""
+    ghosts, small, big = EvictionGhosts(window_blocks=1), ReplicaLoad(num_kv_blocks=3), ReplicaLoad(num_kv_blocks=5)
+    ghosts.apply(small, [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1, 2])])  # block 0's ghost pushed out
+    ghosts.apply(big, [stored(TOKENS, BS, salt="b"), removed(TOKENS, BS, [0, 1, 2], salt="b")])  # all three
+    assert ghosts.num_ghosts == 5
+    ghosts.apply(small, [stored(TOKENS, BS, 0, 1)])
+    assert small.comeback == 0.0  # past the small cache's depth
+    ghosts.apply(small, [stored(TOKENS, BS, 0, 1, salt="b")])
+    assert small.comeback == 1.0  # within the big one's, wherever it comes back
+    ghosts.forget(big)  # gone from the fleet: its ghosts with it
+    assert ghosts.num_ghosts == 2
+    ghosts.apply(small, [stored(TOKENS, BS, 1, 1, salt="b")])
+    assert small.comeback == 0.0
+
+
+def test_the_router_sizes_each_replicas_ghosts_by_its_reported_cache():
+    router = KVRouter(block_size=BS, policy=_policy(ghost_weight=1.0))
+    for rid in ("a", "b"):
+        router.add_replica(rid)
+    router.replicas.get("a").load.num_kv_blocks = 2  # one usable block
+    router.apply_events("a", [stored(TOKENS, BS), removed(TOKENS, BS, [0, 1])])
+    assert router.ghosts.num_ghosts == 1  # block 0 past a's one-block depth
+    router.apply_events("b", [stored(TOKENS, BS, 0, 2)])
+    load = router.replicas.get("b").load
+    assert (load.stored_blocks, load.came_back_blocks) == (2, 1)
+    router.apply_events("a", [removed(TOKENS, BS, [2])])
+    router.remove_replica("a")
+    assert router.ghosts.num_ghosts == 0
 
 
 def test_the_router_keeps_comeback_on_the_replicas_load():

@@ -6,6 +6,7 @@ turn recomputes its whole context elsewhere (``kvmesh sim --workload tool_agent`
 
 from __future__ import annotations
 
+import pytest
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.cost import PullPriors
 from kvmesh.router.routing.cost.stored_tokens import stored_tokens
@@ -24,12 +25,17 @@ NEXT_TURN = CONTEXT + list(range(5000, 5000 + 3 * BS + 5))
 def _router(price_pulls: bool) -> KVRouter:
     policy = get_policy("cache_aware_tokens", policy_config("cache_aware_tokens", {"price_pulls": price_pulls}), BS)
     router = KVRouter(block_size=BS, policy=policy, predict_ttl_s=10.0, transfers=KVPlacementRules())
+    _replicas(router)
+    return router
+
+
+def _replicas(router: KVRouter) -> None:
+    """a, b and c, idle, pulling at 10 GB/s; a computed the system prompt."""
     for rid in ("a", "b", "c"):
         router.add_replica(rid)
         router.loads.loads[rid].update_report(report())
         router.loads.loads[rid].update_transfer(TRANSFER)
-    router.apply_events("a", [stored(CONTEXT[: 8 * BS], BS)])  # the system prompt, computed on a
-    return router
+    router.apply_events("a", [stored(CONTEXT[: 8 * BS], BS)])
 
 
 def _queued_turn_on_b(router: KVRouter) -> None:
@@ -56,7 +62,26 @@ def test_no_pull_is_priced_or_planned_from_blocks_still_queued_on_their_holder()
     _queued_turn_on_b(router)
     decision = router.route(NEXT_TURN, now=0.5)
     assert decision.replica_id == "a"
-    assert decision.pull is None or decision.pull.holder_id != "b"
+    assert decision.pull is None or decision.pull.holder.id != "b"
+
+
+@pytest.mark.parametrize("name", ["cache_aware_tokens", "dynamo", "sglang", "least_loaded", "cache_aware"])
+def test_every_policy_plans_its_pulls_from_held_blocks_alone(name):
+    """The pull planner serves every policy (the default without ``price_pulls``, the peers' formulas): the next turn
+    leaves b (100 requests in flight, this router's) for a, holding the system prompt, or c, holding nothing. b holds
+    none of the context yet: a pulls nothing, c pulls the system prompt from a, the one replica holding it."""
+    policy = get_policy(name, block_size=BS)
+    router = KVRouter(block_size=BS, policy=policy, predict_ttl_s=10.0, transfers=KVPlacementRules())
+    _replicas(router)
+    _queued_turn_on_b(router)
+    for _ in range(100):
+        router.loads.on_dispatch(router.replicas.get("b"), 200)
+    decision = router.route(NEXT_TURN, now=0.5)
+    assert decision.replica_id in ("a", "c")
+    if decision.replica_id == "a":
+        assert decision.pull is None
+    else:
+        assert (decision.pull.holder.id, decision.pull.num_tokens) == ("a", 8 * BS)
 
 
 def test_a_pull_is_priced_over_the_held_blocks_alone():

@@ -246,3 +246,17 @@ def test_sim_cli_rejects_a_negative_prefill_count(mooncake_trace, tmp_path, caps
                "--out", str(tmp_path / "o.json"), "--no-progress"])
     assert rc == 2
     assert "num_prefill_replicas must be >= 0" in capsys.readouterr().err
+
+
+def test_every_policys_pulls_move_what_their_holder_holds(tmp_path):
+    """Tool agents at 2x with 25 GB/s pulls: a turn queued on a replica leaves it credited with a context not computed
+    yet, and a pull of that context would move nothing. The router plans every policy's pulls from the blocks a
+    holder's events confirmed: each moves something."""
+    out = tmp_path / "pulls.json"
+    rc = main(["sim", "--workload", "tool_agent", "--num-replicas", "16", "--time-scale", "0.5", "--arrival-seed", "0",
+               "--policies", "cache_aware_tokens,dynamo,llmd", "--peer-pulls", "--kv-transfer-bytes-per-s", "25e9",
+               "--no-plot", "--no-progress", "--no-ceilings", "--out", str(out)])
+    assert rc == 0
+    for name, p in json.loads(out.read_text())["policies"].items():
+        moved = p["transfers"]
+        assert moved["peer_pulls"] > 0 and moved["peer_pulls_nothing_to_move"] == 0, (name, moved)

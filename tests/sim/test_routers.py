@@ -69,6 +69,7 @@ class _Rep:
     def __init__(self, index: int) -> None:
         self.replica_id = str(index)
         self.role = "both"
+        self.num_blocks = 64  # its cache, as the router is told
 
 
 def test_sessions_help_one_router_and_need_a_shared_table_under_several():

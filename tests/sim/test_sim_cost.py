@@ -52,6 +52,7 @@ def test_simulated_replicas_report_what_they_measured_and_the_router_prices_with
     router = run.router.router
     loads = router.loads.loads
     assert all(load.decode_step is not None for load in loads.values())  # polled: the measured reports
+    assert report.num_kv_blocks == 201 and {load.num_kv_blocks for load in loads.values()} == {201}  # its null block too
     # every request got a price from the router's cost code, and the router learned from the TTFTs it saw
     assert all(r.receipt.predicted_ttft_s is not None and r.receipt.predicted_ttft_s > 0 for r in run.requests)
     assert any(load.ttft_sums for load in loads.values())
@@ -60,3 +61,12 @@ def test_simulated_replicas_report_what_they_measured_and_the_router_prices_with
     assert set(priced) == set(loads) and all(e.priced for e in priced.values())
     choice = router.policy.decide(keys, TierMatches(router.index.match(keys)), loads, 4 * BS)
     assert choice.estimate.choice_s == min(e.choice_s for e in choice.prices.values())
+
+
+def test_the_router_knows_each_simulated_cache_size_before_any_poll():
+    """A simulated replica's cache size reaches the router as a live one's does on /load (its null block included),
+    polled or not: the router sizes its eviction ghosts by it (router/routing/eviction_ghosts.py)."""
+    config = SimConfig(num_replicas=2, engine=sim_engine(block_size=BS), blocks_per_replica=200)
+    assert config.load_poll_s == 0  # no poll: the router's first view
+    run = _run(config, "cache_aware_tokens")
+    assert {load.num_kv_blocks for load in run.router.router.loads.loads.values()} == {201}

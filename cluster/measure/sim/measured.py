@@ -46,9 +46,11 @@ def decode_step_of(config: SimConfig, context_tokens: int = 0) -> DecodeStepLoad
                           s_per_context_token=cost.decode_s_per_context_token, context_tokens=context_tokens)
 
 
-def sim_load_rates(load: ReplicaLoad, config: SimConfig) -> None:
-    """A new replica's rates in the router's view before any poll: the cost model's constants."""
+def sim_load_rates(load: ReplicaLoad, config: SimConfig, num_kv_blocks: int) -> None:
+    """A new replica's rates in the router's view before any poll: the cost model's constants, and its cache's
+    blocks (``num_kv_blocks``, its null block included, as its ``/load`` reports them)."""
     cost = config.cost
+    load.num_kv_blocks = num_kv_blocks
     load.prefill_tokens_per_s = _rate(cost.prefill_s_per_token)
     load.kv_block_bytes = config.engine.block_size
     load.h2d_bytes_per_s = _rate(cost.load_s_per_token)
@@ -59,8 +61,10 @@ def sim_load_rates(load: ReplicaLoad, config: SimConfig) -> None:
 
 
 def sim_load_report(measures: SimMeasures, config: SimConfig, num_running: int, num_waiting: int,
-                    kv_usage: float, waiting_prefill_tokens: int, context_tokens: int) -> LoadReport:
-    """The replica's ``/load``: its load and what it measured (the cost model's constants until it measured)."""
+                    kv_usage: float, waiting_prefill_tokens: int, context_tokens: int,
+                    num_kv_blocks: int) -> LoadReport:
+    """The replica's ``/load``: its load and what it measured (the cost model's constants until it measured);
+    ``num_kv_blocks``: its cache's blocks, the null block included, as a live replica reports them."""
     cost, coef = config.cost, measures.decode_step_time.coefficients()
     decode = decode_step_of(config, context_tokens) if coef is None else DecodeStepLoad(
         step_s=coef[0], s_per_seq=coef[1], s_per_context_token=coef[2],
@@ -69,7 +73,8 @@ def sim_load_report(measures: SimMeasures, config: SimConfig, num_running: int, 
                               pull_bytes_per_s=config.kv_transfer_bytes_per_s / cache_bytes_per_token(config),
                               pull_fixed_s=config.kv_transfer_latency_s, bytes_per_token=1)
     return LoadReport(num_requests_running=num_running, num_requests_waiting=num_waiting, kv_cache_usage=kv_usage,
-                      num_waiting_prefill_tokens=waiting_prefill_tokens, block_size=config.engine.block_size,
+                      num_waiting_prefill_tokens=waiting_prefill_tokens, num_kv_blocks=num_kv_blocks,
+                      block_size=config.engine.block_size,
                       max_num_seqs=config.engine.max_num_seqs, prefill_tokens_per_s=measures.prefill_rate.tokens_per_s or _rate(cost.prefill_s_per_token),
                       kv_block_bytes=config.engine.block_size, h2d_bytes_per_s=_rate(cost.load_s_per_token),
                       kv_transfer=transfer, decode_step=decode)

@@ -90,7 +90,8 @@ class SimReplica:
         """What the replica's ``/load`` would answer now, its measured rates included (sim/measured.py)."""
         reqs = [*self.waiting, *self.running]
         return sim_load_report(self.measures, self.config, len(self.running), len(self.waiting), self.kv.usage,
-                               sum(r.remaining_prefill for r in reqs), sum(r.context_len for r in self.running))
+                               sum(r.remaining_prefill for r in reqs), sum(r.context_len for r in self.running),
+                               self.num_blocks + 1)  # its null block too
 
     def blocks_needed(self, req: SimRequest) -> int:
         return math.ceil((req.num_prompt_tokens + req.max_output_tokens) / self.config.engine.block_size)

@@ -81,7 +81,7 @@ class SimRouter:
         self.prefill_ids: list[str] = []
         """Replicas of role prefill (in the routers, never a decode candidate)."""
         for rep in replicas:
-            self.add_replica(rep.replica_id, rep.role)
+            self.add_replica(rep.replica_id, rep.num_blocks + 1, rep.role)
         self.router = self.routers[0]
         self.index = self.router.index
         self.tracker = self.router.loads
@@ -234,15 +234,16 @@ class SimRouter:
                 loads[rep.replica_id].update_report(rep.load_report(), now)
                 report_lora(loads[rep.replica_id], rep.lora.section(rep.running) if aware else None)
 
-    def add_replica(self, rid: str, role: str = "both") -> None:
+    def add_replica(self, rid: str, num_kv_blocks: int, role: str = "both") -> None:
         """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and what a real
-        replica measures and reports in ``/load`` taken from the cost model (``sim_load_rates``). Its KV transfer
-        is on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
+        replica measures and reports in ``/load`` taken from the cost model (``sim_load_rates``), its cache's
+        ``num_kv_blocks`` (the null block included) with it. Its KV transfer is on with ``peer_pulls`` (the router
+        plans pulls only between replicas that report it on)."""
         if role == "prefill":
             self.prefill_ids.append(rid)
         for router in self.routers:
             router.add_replica(rid, role=role)
-            sim_load_rates(router.loads.loads[rid], self.config)
+            sim_load_rates(router.loads.loads[rid], self.config, num_kv_blocks)
 
     def remove_replica(self, rid: str) -> None:
         for router in self.routers:

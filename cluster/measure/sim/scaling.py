@@ -75,7 +75,7 @@ class AutoscaledFleet:
         if kind == FLEET_EVENT:  # a started replica joins: healthy, with an empty tree (a cold cache)
             assert isinstance(payload, str)
             self.starting.discard(payload)
-            sim.router.add_replica(payload)
+            sim.router.add_replica(payload, sim.by_id[payload].num_blocks + 1)
             return
         self.tick(sim, now)
         sim.push(now + self.autoscale.decision_interval_s, FLEET_TIMER, None)

@@ -106,7 +106,7 @@ class Policy:
     @property
     def prices_pulls(self) -> bool:
         """The policy prices the peer pulls a candidate would make: the router then matches what a pull can move
-        (``TierMatches.pullable``) and plans pulls from it."""
+        (``TierMatches.pullable``) for it too (the router plans every policy's pulls from those blocks)."""
         return False
 
     def use_pulls(self, pulls: PullPriors | None) -> None:
