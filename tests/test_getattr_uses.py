@@ -74,7 +74,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("replica", "tokenizer.py", "model_max_length"): (1, THIRD_PARTY + " (HF tokenizer)"),
     ("router", "tokenize_cache.py", "backend_tokenizer"): (1, THIRD_PARTY + " (HF tokenizer)"),
     ("router", "tokenize_cache.py", "encode_special_tokens"): (1, THIRD_PARTY + " (tokenizers' backend)"),
-    ("router", "connection.py", "aclose"): (1, THIRD_PARTY + " (an upstream byte stream)"),
+    ("router", "response_body.py", "aclose"): (1, THIRD_PARTY + " (an upstream byte stream)"),
     ("replica", "tp_agent.py", "cause"): (1, THIRD_PARTY + " (Ray's RayTaskError)"),
     ("replica", "triton_utils.py", "widens_bf16"): (1, THIRD_PARTY + " (triton's interpreter, patched once)"),
     ("replica", "triton_utils.py", "rounds_fp8"): (1, THIRD_PARTY + " (triton's interpreter, patched once)"),

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Annotated
 
 from kvmesh.replica.openai.chat_message import ChatMessage
+from kvmesh.replica.openai.compile_tenant import charged_tenant
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.reasoning_fields import ReasoningFields
 from kvmesh.replica.openai.refused_fields import RefusedChatFields, RefusedCompletionFields
@@ -94,12 +95,6 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
         self.check_extras(streaming=bool(self.stream))
 
-    def charge_compiles_to(self, tenant: str | None) -> None:
-        """Charge its grammar compiles to ``tenant``, the one its router named (openai/compile_tenant.py; None: to its
-        ``user``). Kept beside the fields, not among them (no client sends it), nor as a pydantic private attribute
-        (one costs every validation of every request ~1 us)."""
-        self.__dict__["_compile_tenant"] = tenant
-
     def continuation_seed(self, num_generated: int) -> int | None:
         """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
         draws what it would have drawn (sampling_params.continuation_seed); None when it is not seeded."""
@@ -126,7 +121,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         """The output's constraint, its compile charged to the tenant the router named, else to ``user``
         (openai/compile_tenant.py, engine/grammar_pool.py)."""
         constraint = self.structured_outputs_params()
-        tenant = None if constraint is None else self.__dict__.get("_compile_tenant") or self.user
+        tenant = None if constraint is None else charged_tenant(self, self.user)
         return constraint if not tenant else replace(constraint, tenant=tenant)
 
     @property

@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kvmesh.replica.openai import logprobs_format, responses
 from kvmesh.replica.openai.body import read_request
-from kvmesh.replica.openai.compile_tenant import compile_tenant
+from kvmesh.replica.openai.compile_tenant import charge_compiles, compile_tenant
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.replica.openai.router_booking import router_booking
@@ -70,7 +70,7 @@ class OpenAIHandlers:
         self.state.check_model(req.model)
         check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
-        req.charge_compiles_to(compile_tenant(http, self.state.server.internal_key))
+        charge_compiles(req, compile_tenant(http, self.state.server.internal_key))
         router_booking(http, self.state.server.internal_key)  # a 403 from anyone but the router, before any work
         return req
 

@@ -79,7 +79,7 @@ class _Exchange:
             self._write_head(body, more)
         if body and request.method != b"HEAD":
             conn.write(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked else body)
-            await conn.drain()
+            await conn.client.drain()
         if not more:
             if self.chunked:
                 conn.write(b"0\r\n\r\n")

@@ -31,6 +31,7 @@ from kvmesh.replica.openai.head_limits import HeadLimits, linger
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
 from kvmesh.router.http.messages import Client, HttpRequest, Response, error_response, response_head
+from kvmesh.router.http.response_body import write_stream
 from kvmesh.router.http.server_state import DoorState
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,6 @@ class HttpConnection(asyncio.Protocol):
         """The armed timeout's seconds and why it closes the connection (for the log)."""
         self._idle = False
         self._paused = False
-        self._drained: asyncio.Future | None = None
-        self._write_paused = False
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -101,23 +100,19 @@ class HttpConnection(asyncio.Protocol):
             self._refuse(ProtocolError(f"malformed HTTP request: {e}", 400))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.client.lost = True
+        self.client.leave()
         self._deadline.cancel()
         self.server.connections.discard(self)
         for request in self.queue:
             request._wake()
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client left: the replica request (or stream) is closed
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.client.pause(True)
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+        self.client.pause(False)
 
     # ---------------------------------------------------------------- httptools callbacks
     def on_message_begin(self) -> None:
@@ -227,19 +222,7 @@ class HttpConnection(asyncio.Protocol):
         chunked = request.http_version != "1.0"
         keep = keep and chunked  # an HTTP/1.0 stream ends when the connection closes
         self.write(self.head(request, response.status, headers, None, keep, chunked))
-        stream = response.stream
-        try:
-            async for chunk in stream:
-                if chunk:
-                    self.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    if self._write_paused:
-                        await self.drain()
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        if chunked:
-            self.write(b"0\r\n\r\n")
+        await write_stream(self.client, response.stream, chunked)
         return keep
 
     @property
@@ -249,12 +232,6 @@ class HttpConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         self.client.write(data)
-
-    async def drain(self) -> None:
-        """Wait until the client took what was written (a slow reader holds the stream back)."""
-        if self._write_paused and not self.lost:
-            self._drained = self.loop.create_future()
-            await self._drained
 
     # ---------------------------------------------------------------- timers and closing
     def _arm(self, seconds: float, why: str, idle: bool = False) -> None:

@@ -22,18 +22,43 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 class Client:
     """The client side of a connection as its requests see it: where to write ahead of the answer (``100
-    Continue``) and whether the client left (set by the connection, http/connection.py)."""
+    Continue``), whether the client left and whether it keeps up with what is written (set by the connection,
+    http/connection.py)."""
 
-    __slots__ = ("transport", "lost")
+    __slots__ = ("transport", "lost", "paused", "_drained")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.lost = False
         """The client left."""
+        self.paused = False
+        """The transport's buffer is full (its ``pause_writing``): a stream waits for ``drain`` before its next chunk."""
+        self._drained: asyncio.Future | None = None
 
     def write(self, data: bytes) -> None:
         if not self.lost:
             self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait until the client took what was written (a slow reader holds the stream back)."""
+        if self.paused and not self.lost:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    def pause(self, paused: bool) -> None:
+        """The transport paused writing (True) or resumed it (False: a waiting ``drain`` returns)."""
+        self.paused = paused
+        if not paused:
+            self._wake()
+
+    def leave(self) -> None:
+        """The client left (a waiting ``drain`` returns)."""
+        self.lost = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
 
 class HttpRequest:

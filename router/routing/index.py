@@ -34,7 +34,7 @@ from operator import and_, or_
 
 from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from kvmesh.router.replicas.replica import ReplicaId
-from kvmesh.router.routing.index_stats import HostTierSlot, IndexStats, ReplicaBlocks
+from kvmesh.router.routing.index_stats import HostTierSlot, IndexStats, ReplicaBlocks, by_tier
 from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orphans
 from kvmesh.router.routing.predictions import Predictions
@@ -271,15 +271,7 @@ class PrefixIndex:
         """``match`` per tier: the GPU pools' (predictions included) and the host tiers' (empty without any), from
         one walk of the masks; with ``pullable``, the GPU pools' without predictions too (``TierMatches.pullable``)."""
         held = self._match_slots(keys, now)
-        if not self.host_tiers:
-            return TierMatches(held, {}, self.held(keys, held) if pullable else None)
-        device: dict[ReplicaId, int] = {}
-        host: dict[ReplicaId, int] = {}
-        for owner, blocks in held.items():
-            if type(owner) is HostTierSlot:
-                host[owner.replica_id] = blocks
-            else:
-                device[owner] = blocks
+        device, host = by_tier(held) if self.host_tiers else (held, {})
         return TierMatches(device, host, self.held(keys, device) if pullable else None)
 
     def held(self, keys: Sequence[int], matches: Mapping[ReplicaId, int]) -> dict[ReplicaId, int]:

@@ -1,4 +1,4 @@
-"""Per-replica state and counters of the prefix index (router/routing/index.py)."""
+"""Per-replica state, counters and slot owners of the prefix index (router/routing/index.py)."""
 
 from __future__ import annotations
 
@@ -62,3 +62,15 @@ class HostTierSlot:
     ``match_tiers`` tells the tiers apart."""
 
     replica_id: ReplicaId
+
+
+def by_tier(held: dict) -> tuple[dict[ReplicaId, int], dict[ReplicaId, int]]:
+    """A walk's matches per slot owner split by tier: (the GPU pools', the host tiers'), each by replica id."""
+    device: dict[ReplicaId, int] = {}
+    host: dict[ReplicaId, int] = {}
+    for owner, blocks in held.items():
+        if type(owner) is HostTierSlot:
+            host[owner.replica_id] = blocks
+        else:
+            device[owner] = blocks
+    return device, host

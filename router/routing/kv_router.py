@@ -14,26 +14,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvmesh.events.schema import EventBatch
-from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.replicas.replica import DEGRADED_CAUSES, JOINING, READY, DegradedCause, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.roles import BOTH, check_role
-from kvmesh.router.routing import routable
-from kvmesh.router.routing.cost import FleetRates, observe_ttft
+from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
 from kvmesh.router.routing.eviction_ghosts import EvictionGhosts
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
-from kvmesh.router.routing.kv_placement import (
-    KVPlacementRules,
-    PlannedPull,
-    SplitChoice,
-    choose_split,
-    plan_pull,
-    pull_priors,
-    pull_source,
-)
+from kvmesh.router.routing.kv_placement import KVPlacementRules, SplitChoice, choose_split, pull_priors
 from kvmesh.router.routing.load import LoadTracker
+from kvmesh.router.routing.peer_pulls import PeerPulls
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, route_receipt
 from kvmesh.router.routing.routable import RoutableLoads
@@ -75,6 +66,8 @@ class KVRouter:
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         policy.use_pulls(pull_priors(self.transfers))
         self.pullable = policy.prices_pulls and self.transfers.peer_pulls  # match what a pull can move (no predictions)
+        self.pulls = PeerPulls(self.index, self.replicas, self.transfers, self.routable.fleet_rates)
+        """Plans the peer pull of each decision (router/routing/peer_pulls.py)."""
         policy.use_replicas(self.replicas)
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
@@ -199,7 +192,7 @@ class KVRouter:
             replica = self.replicas.get(replica_id)
             if commit:
                 self._credit(replica, keys, session_id, now, tiers.device.get(replica_id, 0))
-            pull = self._plan_pull(replica, keys, tiers, num_tokens, excluded, pool)
+            pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
@@ -259,31 +252,6 @@ class KVRouter:
             return
         with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
             observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
-
-    def _plan_pull(self, chosen: Replica, keys: list[int], tiers: TierMatches, num_prompt_tokens: int,
-                   excluded: set, pool: frozenset | None = None) -> PlannedPull | None:
-        """A peer pull for the chosen replica, whatever the policy (under the lock; router/routing/kv_placement.py):
-        from the blocks a holder's events confirmed, what it can hand over now (``TierMatches.pullable``), never
-        those credited to it for a request still queued there (a pull of them would move nothing)."""
-        rules, bs, device = self.transfers, self.hasher.block_size, tiers.device
-        usable = reusable_blocks(num_prompt_tokens, bs)
-        own = min(max(device.get(chosen.id, 0), tiers.host.get(chosen.id, 0)), usable)
-        if not rules.peer_pulls or own >= usable or not chosen.load.kv_transfer_enabled:
-            return None
-        matches = tiers.pullable
-        if matches is None:  # not matched for the policy: the holders that could add blocks, cut at their predictions
-            more = {rid: m for rid, m in device.items() if m > own and rid != chosen.id}
-            matches = self.index.held(keys, more) if more else more
-        if not matches:
-            return None
-        # a pull's source: healthy, of any role, within the pool (another model's replica holds other KV)
-        holder_id, held = pull_source(chosen, own, matches, self.replicas.healthy_within(excluded, pool), usable)
-        if holder_id is None or (holder := self.replicas.get(holder_id)) is None:  # the index names it by id
-            return None
-        columns = self.columns  # synced by route, but for a small fleet
-        fleet = (FleetRates.of([r.load for r in self.replicas.records()]) if len(columns.ids) < routable.COLUMNS_FROM
-                 else columns.fleet(columns.everyone, ("all", columns.version)))
-        return plan_pull(chosen, own, holder, held, bs, rules, fleet)
 
     def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads | dict:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.routing.cost import FleetRates
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
 
 COLUMNS_FROM = 6
@@ -50,3 +51,11 @@ class RoutableLoads:
         if pool is not None:
             mask &= np.isin(np.arange(len(mask)), [i for r in pool if (i := row(r)) is not None])
         return CandidateLoads(columns, mask)
+
+    def fleet_rates(self) -> FleetRates:
+        """The rates of every replica (router/routing/cost/fleet.py), from the columns as ``loads`` keeps them (a small
+        fleet's are not synced: from its records)."""
+        columns = self.columns
+        if len(columns.ids) < COLUMNS_FROM:
+            return FleetRates.of([r.load for r in self.replicas.records()])
+        return columns.fleet(columns.everyone, ("all", columns.version))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.openai.auth import INTERNAL_SCOPE_KEY
-from kvmesh.replica.openai.compile_tenant import TENANT_HEADER, compile_tenant, tenant_header
+from kvmesh.replica.openai.compile_tenant import TENANT_HEADER, charge_compiles, compile_tenant, tenant_header
 from kvmesh.replica.openai.protocol import CompletionRequest
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
@@ -29,7 +29,7 @@ def _constraint(user: str, i: int, router_tenant: str | None, internal: bool = T
     req = CompletionRequest(prompt="Once upon a time", max_tokens=2, user=user,
                             structured_outputs={"choice": [f"{user}-{i}", "x"]})
     headers = {} if router_tenant is None else tenant_header(router_tenant)
-    req.charge_compiles_to(compile_tenant(_http(headers, internal), INTERNAL_KEY))
+    charge_compiles(req, compile_tenant(_http(headers, internal), INTERNAL_KEY))
     constraint = req.to_sampling_params(4, 64).structured_outputs
     assert constraint is not None
     return constraint
