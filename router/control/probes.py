@@ -98,7 +98,7 @@ class ReplicaProbes:
             await self.kv_peers.before_healthy(replica)  # its pull peers (and it among the others') first
             self.router.set_healthy(replica, True)
         elif turned_on and was:
-            await self.kv_peers.push([spec])  # healthy already, transfer only now on (or restarted): its pull peers
+            await self.kv_peers.push([replica])  # healthy already, transfer only now on (or restarted): its pull peers
         if not ok and was:
             self.health.failures.mark_failed(replica, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:

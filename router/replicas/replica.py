@@ -12,6 +12,7 @@ dropping its record (router/replicas/replica_set.py):
     health, patience        passive health: failures, ejections, progress, the deadlines of its answers
     served                  the base model and adapters it serves (its /v1/models and /load)
     accepts                 what it takes instead of text (token ids; its /server_info)
+    kv_peers_pending        this router's replica set did not reach it yet: no pull is planned to it
     reuse                   reuse totals of the requests routed to it (its route receipts)
     stream                  its event stream as the router watches and feeds it
     learned_slots           what admission learned of the requests it runs at once
@@ -109,6 +110,9 @@ class Replica:
     """What it takes instead of text, from ``/server_info``; None: not said yet (text)."""
     reuse: ReuseTotals = field(default_factory=ReuseTotals)
     stream: StreamState = field(default_factory=StreamState)
+    kv_peers_pending: bool = False
+    """This router's last ``POST /kv/peers`` to it failed (router/control/kv_peers.py retries it): it may lack the
+    replica set, and a replica skips a pull from a peer it does not know, so no pull is planned to it meanwhile."""
     removed: bool = False
     """Dropped from the set (``ReplicaSet.remove``): a request that still holds the record counts nothing on it."""
     learned_slots: LearnedSlots | None = None

@@ -6,7 +6,8 @@ replica holds, and moving them beats computing them (router/routing/kv_placement
 
 Whatever the policy, a pull moves only the blocks a holder's events confirmed, what it can hand over now
 (``TierMatches.pullable``): never those credited to it for a request still queued there (a pull of them would move
-nothing). Called under the router's lock.
+nothing), and never to a replica this router's replica set did not reach (``Replica.kv_peers_pending``: it would
+compute the prompt instead). Called under the router's lock.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class PeerPulls:
         bs, device = index.block_size, tiers.device
         usable = reusable_blocks(num_prompt_tokens, bs)
         own = min(max(device.get(chosen.id, 0), tiers.host.get(chosen.id, 0)), usable)
-        if not rules.peer_pulls or own >= usable or not chosen.load.kv_transfer_enabled:
+        if not rules.peer_pulls or own >= usable or not chosen.load.kv_transfer_enabled or chosen.kv_peers_pending:
             return None
         matches = tiers.pullable
         if matches is None:  # not matched for the policy: the holders that could add blocks, cut at their predictions

@@ -184,11 +184,19 @@ def test_clients_may_not_send_kv_transfer_params(trio, start_router):
 
 
 # ---------------------------------------------------------------- peer pulls
+def registered(router) -> bool:
+    """Every replica of ``router`` got its replica set (``POST /kv/peers`` answered 200): it pulls from its peers."""
+    return all(not r.kv_peers_pending for r in router.runtime.router.replicas)
+
+
 def holder_then_other(router, ids) -> tuple[str, httpx.Response]:
     """Send ``ids`` once (its replica becomes the holder), wait for its blocks in the index, then again (round
     robin: the other replica): (the holder, the second answer)."""
+    wait_for(lambda: registered(router), what="the replica set registered on every replica")
+    stats = router.runtime.router.index.stats
+    before = stats.blocks_stored  # a full cache evicts as it stores: count the stored events, not the blocks held
     holder = answer(post(router, ids))[0]
-    wait_for(lambda: router.runtime.router.index.num_blocks(holder) >= 15, what="the holder's blocks in the index")
+    wait_for(lambda: stats.blocks_stored >= before + 15, what="the holder's blocks in the index")
     return holder, post(router, ids)
 
 
@@ -207,6 +215,27 @@ def test_a_request_sent_away_from_the_holder_pulls_the_prefix_from_it(trio, star
     assert sample(router, "peer_pulls") == 1 and sample(router, "kv_pulled_tokens") == MOVABLE
     r = post(router, prompt(7600))  # back on the holder: nothing to pull
     assert answer(r)[0] == holder and HEADER_PULLED_FROM not in r.headers
+
+
+def test_no_pull_is_planned_to_a_replica_whose_peer_registration_failed_until_a_retry_lands(trio, start_router):
+    _, d, e = trio
+    for fake in (d, e):
+        fake.configure(kv_transfer=dict(TRANSFER, refuse_peers=1000))  # every POST /kv/peers answers 503
+    router = start_router([d.spec, e.spec], policy="round_robin", upstream={"kv_peers_renew_s": 600.0})
+    wait_for(lambda: all(r.load.kv_transfer_enabled and r.kv_peers_pending for r in router.runtime.router.replicas),
+             what="both replicas seen with transfer on and no registration landed")
+    holder = answer(post(router, prompt(7650)))[0]
+    wait_for(lambda: router.runtime.router.index.num_blocks(holder) >= 15, what="the holder's blocks in the index")
+    r = post(router, prompt(7650))
+    other = {"d": e, "e": d}[holder]
+    assert answer(r) == (other.name, 0) and HEADER_PULLED_FROM not in r.headers
+    assert received(other) == [] and sample(router, "peer_pulls") == 0  # it would have skipped a pull: none sent
+    for fake in (d, e):
+        fake.configure(kv_transfer=TRANSFER)  # registrations land again
+    wait_for(lambda: registered(router) and fake_stats(other)["kv_peers"], timeout=5.0,
+             what="the failed registrations retried well before the next renewal (600 s)")
+    holder, r = holder_then_other(router, prompt(7660))
+    assert answer(r) == ({"d": e, "e": d}[holder].name, MOVABLE) and r.headers[HEADER_PULLED_FROM] == holder
 
 
 @pytest.mark.parametrize("why", ["transfer_off", "slower_than_recompute"])

@@ -72,6 +72,8 @@ class FakeKVTransfer:
         """``/load``'s ``kv_transfer.enabled`` (``POST /fake/config {"kv_transfer": {...}}`` sets it)."""
         self.pull_bytes_per_s: float | None = None
         self.bytes_per_token = 64
+        self.refuse_peers = 0
+        """How many of the next ``POST /kv/peers`` answer 503 (a registration that does not land)."""
         self.leases: dict[str, tuple[int, list[int], str | None]] = {}
         """Lease id -> (blocks held, the prompt's token ids they hold, its salt)."""
         self.registry = PeerRegistry()
@@ -88,6 +90,7 @@ class FakeKVTransfer:
             self.enabled = bool(body.get("enabled", self.enabled))
             self.pull_bytes_per_s = body.get("pull_bytes_per_s", self.pull_bytes_per_s)
             self.bytes_per_token = int(body.get("bytes_per_token", self.bytes_per_token))
+            self.refuse_peers = int(body.get("refuse_peers", 0))
 
     def reset(self) -> None:
         self.received.clear()
@@ -146,6 +149,9 @@ class FakeKVTransfer:
         peers = body.get("peers")
         if not isinstance(peers, list) or not all(isinstance(p, dict) and isinstance(p.get("url"), str) for p in peers):
             return 400, _error("peers must be a list of {replica_id, url}", 400)
+        if self.refuse_peers > 0:
+            self.refuse_peers -= 1
+            return 503, _error("refusing peer registrations (fake config refuse_peers)", 503)
         self.registrations.append({"router_id": body.get("router_id"), "ttl_s": body.get("ttl_s")})
         try:
             registered = self.registry.replace([(str(p.get("replica_id")), p["url"]) for p in peers],
