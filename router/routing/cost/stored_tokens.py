@@ -23,8 +23,9 @@ face value; with no evictions coming back anywhere it is 0.
 A pull is priced onto an idle candidate only: that one starts the request at once, where a candidate with prefill
 queued makes the request wait too, with its copy in a cache whose queued requests' prefixes sit there unreferenced
 until they run, hits the copy pushes out that nothing here prices (``kvmesh sim --workload tool_agent --time-scale 0.5
---peer-pulls --kv-transfer-bytes-per-s 25e9 --arrival-seed 0``, pulls priced onto any candidate: requests waiting a
-median 26,112 queued tokens there after their pull, 23% of predicted hits missed against 10% without pricing).
+--peer-pulls --kv-transfer-bytes-per-s 25e9 --arrival-seed 0``, pulls priced onto any candidate, no ghost term: the
+pulling requests found a median 26,112 tokens queued there, and 23% of all requests hit other than predicted
+against 10% with pulls unpriced).
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ candidate reports is priced the same way in seconds, plus the adapter's load whe
 over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/estimate.py).
 **Stored tokens** (cost/stored_tokens.py). With peer pulls on (``price_pulls``), the prefix a candidate with no
 prefill queued would pull from a peer costs the pull's share of its compute time, and a copy of blocks another
-replica holds costs how often evicted blocks come back (``ghost_weight``, 1 there by default: router/routing/
-eviction_ghosts.py). Without pulls neither is priced unless ``ghost_weight`` is set (docs/benchmarks/
-routing-against-peers.md has their verdict).
+replica holds costs how often evicted blocks come back (``ghost_weight``, 1 there unless set; the ghost lists:
+router/routing/eviction_ghosts.py). Without pulls neither is priced unless ``ghost_weight`` is set. Their verdict:
+docs/benchmarks/routing-against-peers.md.
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
