@@ -50,8 +50,9 @@ class CacheAwareTokensConfig(PolicyConfig):
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
         for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
                      "backlog_release_tokens", "ghost_weight"):
-            if getattr(self, name) is not None and not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         if not self.decode_step_tokens > 0:
             raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
         if not self.churn_clamp >= 1:
