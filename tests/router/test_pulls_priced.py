@@ -4,9 +4,9 @@ candidate with no prefill queued, and the copy it makes costs what its evictions
 
 The case behind it (``kvmesh sim --workload mooncake --time-scale 0.5 --peer-pulls --kv-transfer-bytes-per-s 25e9
 --arrival-seed 0``): a conversation's next turn whose 60 leading blocks of 512 tokens sit on a replica with 84,692
-prompt tokens queued. Priced as computed elsewhere (30,964 tokens) they kept it on that replica, 0.15 x 84,692 +
-244 = 13,130, where it waited 6.7 s; an idle replica pulls them in 0.16 s. ``dynamo`` counts the queue in full,
-sends it away, and the router's pull makes that cheap."""
+prompt tokens queued. With ``price_pulls=false`` an idle replica is priced as computing them (30,964 tokens), the
+queued one at 0.15 x 84,692 + 244 = 13,130, and the turn waits 6.7 s there; an idle replica pulls them in 0.16 s.
+``dynamo`` counts a queue in full, sends such a turn away, and the router's pull makes that cheap."""
 
 from __future__ import annotations
 
