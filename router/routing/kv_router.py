@@ -61,10 +61,10 @@ class KVRouter:
             policy = get_policy(block_size=block_size)
         self.policy = policy
         self.policy_name = policy.name
-        self.ghosts = EvictionGhosts() if policy.tracks_evictions else None  # only for a policy pricing comeback
         self.transfers = transfers or KVPlacementRules()
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         policy.use_pulls(pull_priors(self.transfers))
+        self.ghosts = EvictionGhosts() if policy.tracks_evictions else None  # only for a policy pricing comeback
         self.pullable = policy.prices_pulls and self.transfers.peer_pulls  # match what a pull can move (no predictions)
         self.pulls = PeerPulls(self.index, self.replicas, self.transfers, self.routable.fleet_rates)
         """Plans the peer pull of each decision (router/routing/peer_pulls.py)."""

@@ -109,10 +109,10 @@ def test_the_router_keeps_comeback_on_the_replicas_load():
     assert router.ghosts.num_ghosts == 0
 
 
-@pytest.mark.parametrize("knobs", [{}, {"price_pulls": True}])
+@pytest.mark.parametrize("knobs", [{"ghost_weight": 0.0}, {"price_pulls": False}])
 def test_a_policy_that_prices_no_eviction_keeps_no_ghosts(knobs):
-    """With ``ghost_weight`` 0 (the default, pulls priced or not) the router keeps no ghost list and no comeback: the
-    events pay nothing for an option that is off."""
+    """With ``ghost_weight`` 0 (pulls priced or not), or unset with pulls unpriced, the router keeps no ghost list
+    and no comeback: the events pay nothing for a term that is off."""
     router = KVRouter(block_size=BS, policy=_policy(**knobs))
     router.add_replica("a")
     router.apply_events("a", [stored(TOKENS, BS), removed(TOKENS, BS, [3]), stored(TOKENS, BS, 3, 1)])
@@ -147,7 +147,7 @@ def test_a_second_copy_costs_what_its_eviction_brings_back():
     costs = _policy(ghost_weight=1.0).costs(keys, {"holder": 60}, loads)
     assert costs == {"holder": pytest.approx(1264.0), "idle": pytest.approx(1024 + 0.8 * 960)}
     assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "holder"
-    assert _policy().choose(keys, tiers, loads) == "idle"  # off by default
+    assert _policy().choose(keys, tiers, loads) == "idle"  # unset: off without pulls
     loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000), "idle": ReplicaLoad()}
     assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "idle"
 
@@ -170,7 +170,7 @@ def test_a_pull_is_priced_at_its_share_of_the_compute_time():
     assert stored_tokens(1024, {"holder": 60}, loads, BS, PullPriors(True), 0.0)["other"].pulled == 0
 
 
-def test_the_default_prices_a_pull_when_told():
+def test_the_default_prices_a_pull():
     """The holder's 3,000 queued tokens (450 weighted) outweigh the idle replica's 64 + 73 for its pulled tokens."""
     loads = {"holder": _pulling(pending_prefill_tokens=12_000), "idle": _pulling()}
     keys, tiers = list(range(64)), TierMatches({"holder": 60})
@@ -180,7 +180,7 @@ def test_the_default_prices_a_pull_when_told():
     assert costs["idle"] == pytest.approx(64 + 960 * (60 * (1 << 20) / 1e10 + 0.001) / 0.096)
     assert policy.choose(keys, tiers, {"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()}) \
         == "idle"  # 64 + 450 against 137
-    unpriced = _policy()  # off by default
+    unpriced = _policy(price_pulls=False)
     unpriced.use_pulls(PullPriors(True))
     assert unpriced.choose(keys, tiers, {"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()}) \
         == "holder"  # 514 against 1024

@@ -35,9 +35,11 @@ no prefill rate gets the mean of those that do; with no rate anywhere the costs 
 host hit counts as a device hit (its load-back cannot be priced). A request naming a LoRA adapter that a
 candidate reports is priced the same way in seconds, plus the adapter's load where it is not resident (its size
 over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/estimate.py).
-**Stored tokens** (options, off: BENCHMARKS.md has their verdict): ``price_pulls`` prices the prefix a candidate
-would pull from a peer at the pull's share of its compute time, ``ghost_weight`` a second copy of blocks another
-replica holds by how often evicted blocks come back (router/routing/eviction_ghosts.py); both in cost/stored_tokens.py.
+**Stored tokens** (cost/stored_tokens.py). With peer pulls on (``price_pulls``), the prefix a candidate with no
+prefill queued would pull from a peer costs the pull's share of its compute time, and a copy of blocks another
+replica holds costs how often evicted blocks come back (``ghost_weight``, 1 there unless set; the ghost lists:
+router/routing/eviction_ghosts.py). Without pulls neither is priced unless ``ghost_weight`` is set. Their verdict:
+docs/benchmarks/routing-against-peers.md.
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -85,7 +87,8 @@ class CacheAwareTokensPolicy(Policy):
 
     @property
     def tracks_evictions(self) -> bool:
-        return self.config.ghost_weight > 0
+        g = self.config.ghost_weight
+        return g > 0 if g is not None else self._plans_pulls()
 
     @property
     def prices_pulls(self) -> bool:
@@ -110,19 +113,29 @@ class CacheAwareTokensPolicy(Policy):
             out[rid] = uncached + self._backlog_cost(backlog) + w * steps * load.decode_load
         return out
 
+    def _plans_pulls(self) -> bool:
+        """Pulls are priced and the router plans them (``use_pulls``)."""
+        return self.config.price_pulls and self.pulls is not None and self.pulls.enabled
+
+    def _ghost_weight(self, pulls_priced: bool) -> float:
+        """``ghost_weight``, or where unset 1 when this decision prices pulls (the copy a pull makes) and 0 else."""
+        g = self.config.ghost_weight
+        return g if g is not None else 1.0 if pulls_priced else 0.0
+
     def _prices_stored(self, loads: Loads) -> bool:
         """Eviction damage or pulls are priced for these candidates (``_stored_costs``)."""
-        c = self.config
-        return bool((c.ghost_weight and any(load.comeback for load in loads.values()))
-                    or (c.price_pulls and pulls_possible(self.pulls, loads)))
+        if self.config.price_pulls and pulls_possible(self.pulls, loads):
+            return True
+        return bool(self._ghost_weight(False) and any(load.comeback for load in loads.values()))
 
     def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float,
                       pullable: Matches | None = None) -> dict[ReplicaId, float]:
         """``costs`` with the new tokens priced by cost/stored_tokens.py: pulled ones at the pull's share, plus the
         eviction damage of storing them."""
         c = self.config
-        stored = stored_tokens(prompt, matches, loads, self.block_size, self.pulls if c.price_pulls else None,
-                               c.ghost_weight, pullable)
+        pulls = self.pulls if c.price_pulls and pulls_possible(self.pulls, loads) else None
+        stored = stored_tokens(prompt, matches, loads, self.block_size, pulls, self._ghost_weight(pulls is not None),
+                               pullable)
         out = {}
         for rid, load in loads.items():
             s, backlog = stored[rid], load.prefill_backlog

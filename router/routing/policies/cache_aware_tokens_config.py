@@ -38,20 +38,21 @@ class CacheAwareTokensConfig(PolicyConfig):
     """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``: ``with_step_budget``).
     A running request slows every step, so it costs ``decode_weight`` per step until the new request's prefill is
     done: (queued + uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
-    ghost_weight: float = 0.0
+    ghost_weight: float | None = None
     """Eviction damage: a candidate's copy of blocks another replica holds costs ``ghost_weight`` x the share of
     stored blocks the fleet had evicted before (``comeback``, from the KV events: router/routing/eviction_ghosts.py)
-    more per token (cost/stored_tokens.py). 0: off."""
-    price_pulls: bool = False
-    """Price the prefix a candidate would pull from a peer (peer pulls on) at the pull's share of its compute time,
-    not as computed tokens (cost/stored_tokens.py)."""
+    more per token (cost/stored_tokens.py). None: 1 (at face value) where pulls are priced, 0 elsewhere; 0: off."""
+    price_pulls: bool = True
+    """With peer pulls on, price the prefix a candidate with no prefill queued would pull from a peer at the pull's
+    share of its compute time, not as computed tokens (cost/stored_tokens.py)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
         for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
                      "backlog_release_tokens", "ghost_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         if not self.decode_step_tokens > 0:
             raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
         if not self.churn_clamp >= 1:
