@@ -68,6 +68,7 @@ class PrefixIndex:
         tree = self._replicas.get(replica_id)
         if tree is None:
             tree = self._replicas[replica_id] = ReplicaBlocks(replica_id, self._take_slot(replica_id))
+            self.predictions.version += 1  # the masks' version (predictions.py): a match may change
         return tree
 
     def _take_slot(self, owner: ReplicaId | HostTierSlot) -> int:
@@ -108,6 +109,7 @@ class PrefixIndex:
         tree = self._replicas.get(replica_id)
         if tree is None:
             return
+        self.predictions.version += 1
         if tree.host is not None:
             self._clear_tree(tree.host)
         self.predictions.forget(tree.bit)
@@ -157,6 +159,7 @@ class PrefixIndex:
         """Apply a KVEventBatch (or a list of events) published by ``replica_id``."""
         events = batch_or_events.events if isinstance(batch_or_events, EventBatch) else batch_or_events
         tree = self._replicas.get(replica_id) or self.add_replica(replica_id)
+        self.predictions.version += 1
         stats = self.stats
         for event in events:
             if type(event) is BlockStored:

@@ -183,13 +183,12 @@ class KVRouter:
             now = time.monotonic()
         num_tokens, excluded, policy = len(token_ids), set(exclude), self.policy
         with self.lock:
-            tiers = self.index.match_tiers(keys, now=now, pullable=self.pullable)
-            t2 = _ns()
+            matched = self.index.match_tiers(keys, now=now, pullable=self.pullable)
+            version, t2 = self.index.predictions.version, _ns()  # the version the match was taken at
             loads = self._routable_loads(excluded, pool)
-            tiers = tiers.without(self._untrusted(tiers))
+            tiers = matched.without(self._untrusted(matched))
             choice = policy.decide(keys, tiers, loads, num_tokens, lora_name, self._pinned(session_id, now, loads))
-            replica_id, estimate = choice.replica_id, choice.estimate
-            replica = self.replicas.get(replica_id)
+            replica_id, estimate, replica = choice.replica_id, choice.estimate, self.replicas.get(choice.replica_id)
             if commit:
                 self._credit(replica, keys, session_id, now, tiers.device.get(replica_id, 0))
             pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
@@ -199,7 +198,8 @@ class KVRouter:
         return RouteDecision(replica, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
-                             pool=pool, decided_at_ns=t0, estimate=estimate if receipt.predicted_ttft_s is not None else None)
+                             pool=pool, decided_at_ns=t0, estimate=estimate if receipt.predicted_ttft_s is not None else None,
+                             held_blocks=matched.device.get(replica_id, 0), index_version=version)
 
     def _routable_loads(self, excluded: set, pool: frozenset | None) -> CandidateLoads | dict:
         """``candidate_loads`` with the other router processes' counts taken in (call under the lock);
@@ -232,7 +232,11 @@ class KVRouter:
         if now is None and session_id is not None:
             now = time.monotonic()
         with self.lock:
-            start = self.index.match(decision.keys, now=now).get(decision.replica_id, 0)
+            index = self.index
+            if decision.index_version == index.predictions.version and not index.predictions.due(now):
+                start = decision.held_blocks  # the index has not changed since the decision matched
+            else:
+                start = index.match(decision.keys, now=now).get(decision.replica_id, 0)
             self._credit(decision.replica, decision.keys, session_id, now, start)
 
     def _credit(self, replica: Replica, keys: list[int], session_id: str | None, now: float | None,

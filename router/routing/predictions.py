@@ -22,7 +22,7 @@ from operator import and_, or_
 class Predictions:
     """predict / confirm / expire over the index's ``blocks`` masks (shared, not copied)."""
 
-    __slots__ = ("blocks", "predicted", "queue", "ttl_s")
+    __slots__ = ("blocks", "predicted", "queue", "ttl_s", "version")
 
     def __init__(self, blocks: dict[int, int], ttl_s: float) -> None:
         if ttl_s < 0:
@@ -35,6 +35,9 @@ class Predictions:
         """(expiry time, replica bit, keys) in the order they were predicted."""
         self.ttl_s = ttl_s
         """How long a routed request's blocks count as held by its replica before events confirm them."""
+        self.version = 0
+        """Counts the changes of ``blocks`` that may change a match: predictions made or expired here, the index's
+        events and replicas (router/routing/index.py). A match holds while the version stays and none is ``due``."""
 
     def predict(self, bit: int, keys: Sequence[int], now: float | None = None, start: int = 0) -> int:
         """Credit the replica owning ``bit`` with ``keys[start:]`` for ``ttl_s``; returns newly credited
@@ -59,6 +62,7 @@ class Predictions:
                     added.append(key)
         if added:
             self.queue.append((now + self.ttl_s, bit, added))
+            self.version += 1
         return len(added)
 
     def real(self, keys: Sequence[int], matches: Mapping, entries: Mapping) -> dict:
@@ -98,9 +102,16 @@ class Predictions:
         for key in [k for k, m in self.predicted.items() if m & bit]:
             self.unpredict(key, bit)
 
+    def due(self, now: float | None = None) -> bool:
+        """Whether a prediction expires by ``now`` (None: the clock): a match taken before may not hold then."""
+        queue = self.queue
+        return bool(queue) and queue[0][0] <= (time.monotonic() if now is None else now)
+
     def expire(self, now: float) -> None:
         """Withdraw the predictions older than ``ttl_s`` that no event confirmed."""
         queue, predicted = self.queue, self.predicted
+        if queue and queue[0][0] <= now:
+            self.version += 1
         while queue and queue[0][0] <= now:
             _, bit, keys = queue.popleft()
             for key in keys:

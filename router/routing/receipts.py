@@ -219,7 +219,7 @@ def route_receipt(replica: Replica, tiers: TierMatches, loads: Mapping, num_toke
     for rid, m in either.items():
         if m > best and rid in loads:
             best_id, best = rid, m
-    hit, best_hit = (reusable_tokens(m, num_tokens, block_size) for m in (matched, best))
+    hit, best_hit = reusable_tokens(matched, num_tokens, block_size), reusable_tokens(best, num_tokens, block_size)
     host_hit = hit - reusable_tokens(tiers.device.get(replica_id, 0), num_tokens, block_size)
     reason = why or ("cache" if matched and matched == best else "load")
     predicted = estimate.ttft_s if estimate is not None and estimate.priced else None

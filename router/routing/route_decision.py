@@ -45,6 +45,11 @@ class RouteDecision:
     estimate: TTFTEstimate | None = None
     """The chosen replica's estimate by part (router/routing/cost/; None: not priced); ``KVRouter.observe_ttft``
     learns from it."""
+    held_blocks: int = 0
+    """Leading prompt blocks the chosen replica's GPU pool held when it was decided (its matches trusted or not)."""
+    index_version: int = -1
+    """The index's version then (router/routing/predictions.py; -1: unknown): while it is current and no prediction
+    is due, ``KVRouter.commit`` credits the replica from ``held_blocks`` without matching again."""
 
     @property
     def replica_id(self) -> ReplicaId:

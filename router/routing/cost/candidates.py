@@ -36,12 +36,13 @@ def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId,
     router's columns) are priced in one vectorised pass (``price_columns``); a plain mapping one by one."""
     if fleet is None:
         fleet = loads.fleet() if type(loads) is CandidateLoads else FleetRates.of(loads.values())
-    price_one, holder, best = _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name,
-                                      fleet)
+    usable = reusable_blocks(prompt_tokens, block_size)  # an engine computes at least the last token
+    holder, best = _pull_source(loads, device, usable, pulls)
     if type(loads) is CandidateLoads:  # an exact type test: isinstance of a Mapping ABC costs its check
         return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
                              holder, best)
-    return Prices.of({rid: price_one(rid) for rid in loads})
+    return Prices.of({rid: _price(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
+                                  usable, holder, best, rid) for rid in loads})
 
 
 def price_one(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
@@ -49,37 +50,42 @@ def price_one(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId,
               lora_name: str | None, replica_id: ReplicaId) -> TTFTEstimate:
     """``price_all``'s estimate of ``replica_id`` alone (a candidate of ``loads``), without pricing the others."""
     fleet = loads.fleet() if type(loads) is CandidateLoads else FleetRates.of(loads.values())
-    return _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet)[0](replica_id)
-
-
-def _pricer(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
-            prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
-            lora_name: str | None, fleet: FleetRates) -> tuple[Callable[[ReplicaId], TTFTEstimate], ReplicaId, int]:
-    """(the estimate of one candidate, the replica others may pull from, the blocks it holds)."""
     usable = reusable_blocks(prompt_tokens, block_size)  # an engine computes at least the last token
+    holder, best = _pull_source(loads, device, usable, pulls)
+    return _price(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet, usable,
+                  holder, best, replica_id)
+
+
+def _pull_source(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], usable: int,
+                 pulls: PullPriors | None) -> tuple[ReplicaId | None, int]:
+    """(the candidate others may pull from: the one with KV transfer on holding the most leading blocks, the blocks
+    it holds, at most ``usable``); (None, 0) when pulls are off."""
     holder, best = None, 0
     if pulls is not None and pulls.enabled:
         for rid, m in device.items():
             if m > best and rid in loads and loads[rid].kv_transfer_enabled:
                 holder, best = rid, m
         best = min(best, usable)
+    return holder, best
 
-    def price_one(rid: ReplicaId) -> TTFTEstimate:
-        load = loads[rid]
-        d = min(device.get(rid, 0), usable)
-        extra = max(0, min(host.get(rid, 0), usable) - d)
-        own = d + extra
-        pulled, pull_s = 0, 0.0
-        if holder is not None and best > own and rid != holder and can_pull(load, loads[holder], pulls):
-            seconds = pull_seconds(load, fleet, best - own, block_size, pulls)
-            spt = prefill_s_per_token(load, fleet)
-            if seconds is not None and spt is not None and seconds < (best - own) * block_size * spt:
-                pulled, pull_s = best - own, seconds
-        computed = max(prompt_tokens - (own + pulled) * block_size, 1) if prompt_tokens else 0
-        return estimate(load, fleet, prompt_tokens, computed, extra, block_size, step_tokens, pull_s, pulled,
-                        lora_name)
 
-    return price_one, holder, best
+def _price(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
+           prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None, lora_name: str | None,
+           fleet: FleetRates, usable: int, holder: ReplicaId | None, best: int, rid: ReplicaId) -> TTFTEstimate:
+    """The estimate of candidate ``rid``, pulling from ``holder`` (which holds ``best`` blocks) when that is cheaper
+    than computing them (module doc)."""
+    load = loads[rid]
+    d = min(device.get(rid, 0), usable)
+    extra = max(0, min(host.get(rid, 0), usable) - d)
+    own = d + extra
+    pulled, pull_s = 0, 0.0
+    if holder is not None and best > own and rid != holder and can_pull(load, loads[holder], pulls):
+        seconds = pull_seconds(load, fleet, best - own, block_size, pulls)
+        spt = prefill_s_per_token(load, fleet)
+        if seconds is not None and spt is not None and seconds < (best - own) * block_size * spt:
+            pulled, pull_s = best - own, seconds
+    computed = max(prompt_tokens - (own + pulled) * block_size, 1) if prompt_tokens else 0
+    return estimate(load, fleet, prompt_tokens, computed, extra, block_size, step_tokens, pull_s, pulled, lora_name)
 
 
 def price_columns(loads: CandidateLoads, device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
