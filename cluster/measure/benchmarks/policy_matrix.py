@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timeout-s", type=float, default=7200.0, help="with --seeds: most seconds of one seed's run")
     ap.add_argument("--policy-kwargs", action="append", default=[], metavar="K=V",
                     help="with --seeds: a knob of the policies compared, each taking the ones it has (kvmesh sim's "
-                         "--policy-kwargs; e.g. the default's price_pulls=true); name another --out")
+                         "--policy-kwargs; e.g. the default's ghost_weight=1); name another --out")
     args = ap.parse_args(argv)
     if args.seeds is not None:
         return _run_seeds(args)
