@@ -56,7 +56,7 @@ def test_a_refused_registration_is_retried_on_a_doubling_wait_capped_at_the_rene
     assert not replica.kv_peers_pending and len(pool.times) == 5
     waits = [b - a for a, b in pairwise(pool.times)]
     expected = [RETRY_FIRST_S, 2 * RETRY_FIRST_S, 1.5, 1.5]  # doubling, capped at kv_peers_renew_s
-    assert all(e - 0.01 <= w < e + 0.4 for w, e in zip(waits, expected, strict=True)), waits  # a loaded loop is late
+    assert all(e - 0.01 <= w < e + 0.9 for w, e in zip(waits, expected, strict=True)), waits  # a loaded loop is late
 
 
 def test_a_retry_still_pending_at_stop_is_cancelled():

@@ -232,7 +232,7 @@ def test_no_pull_is_planned_to_a_replica_whose_peer_registration_failed_until_a_
     assert received(other) == [] and sample(router, "peer_pulls") == 0  # it would have skipped a pull: none sent
     for fake in (d, e):
         fake.configure(kv_transfer=TRANSFER)  # registrations land again
-    wait_for(lambda: registered(router) and fake_stats(other)["kv_peers"], timeout=5.0,
+    wait_for(lambda: registered(router) and fake_stats(other)["kv_peers"], timeout=20.0,
              what="the failed registrations retried well before the next renewal (600 s)")
     holder, r = holder_then_other(router, prompt(7660))
     assert answer(r) == ({"d": e, "e": d}[holder].name, MOVABLE) and r.headers[HEADER_PULLED_FROM] == holder
