@@ -59,9 +59,7 @@ class KVPeerRegistry:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """On ``loop``, inside it: renew the registrations every ``upstream.kv_peers_renew_s`` from now on."""
         self._loop = loop
-        task = loop.create_task(self._renew())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._keep(loop.create_task(self._renew()))
 
     async def _renew(self) -> None:
         while True:
@@ -88,7 +86,10 @@ class KVPeerRegistry:
         self._loop.call_soon_threadsafe(self._spawn)
 
     def _spawn(self) -> None:
-        task = asyncio.ensure_future(self.push(self._healthy_targets()))
+        self._keep(asyncio.ensure_future(self.push(self._healthy_targets())))
+
+    def _keep(self, task: asyncio.Task) -> None:
+        """Hold ``task`` until it is done (``stop`` cancels what is left)."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -140,9 +141,7 @@ class KVPeerRegistry:
             self._retries.pop(replica, None)
             return
         self._retries[replica] = (wait_s, None)  # the next failure sets the next try
-        task = asyncio.ensure_future(self._post(replica, self.body()))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._keep(asyncio.ensure_future(self._post(replica, self.body())))
 
     def _cancel_retry(self, replica: Replica) -> None:
         _, timer = self._retries.pop(replica, (0.0, None))

@@ -25,7 +25,7 @@ from kvmesh.router.routing.cost.estimate import TTFTEstimate, adapter_s, estimat
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.cost.prices import Prices
-from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
+from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_holder, pull_seconds
 
 
 def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
@@ -37,7 +37,7 @@ def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId,
     if fleet is None:
         fleet = loads.fleet() if type(loads) is CandidateLoads else FleetRates.of(loads.values())
     usable = reusable_blocks(prompt_tokens, block_size)  # an engine computes at least the last token
-    holder, best = _pull_source(loads, device, usable, pulls)
+    holder, best = pull_holder(loads, device, usable, pulls)
     if type(loads) is CandidateLoads:  # an exact type test: isinstance of a Mapping ABC costs its check
         return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
                              holder, best)
@@ -51,22 +51,9 @@ def price_one(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId,
     """``price_all``'s estimate of ``replica_id`` alone (a candidate of ``loads``), without pricing the others."""
     fleet = loads.fleet() if type(loads) is CandidateLoads else FleetRates.of(loads.values())
     usable = reusable_blocks(prompt_tokens, block_size)  # an engine computes at least the last token
-    holder, best = _pull_source(loads, device, usable, pulls)
+    holder, best = pull_holder(loads, device, usable, pulls)
     return _price(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet, usable,
                   holder, best, replica_id)
-
-
-def _pull_source(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], usable: int,
-                 pulls: PullPriors | None) -> tuple[ReplicaId | None, int]:
-    """(the candidate others may pull from: the one with KV transfer on holding the most leading blocks, the blocks
-    it holds, at most ``usable``); (None, 0) when pulls are off."""
-    holder, best = None, 0
-    if pulls is not None and pulls.enabled:
-        for rid, m in device.items():
-            if m > best and rid in loads and loads[rid].kv_transfer_enabled:
-                holder, best = rid, m
-        best = min(best, usable)
-    return holder, best
 
 
 def _price(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],

@@ -7,9 +7,11 @@ measured (fleet.py), and before any did, with the router's priors (``PullPriors`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.estimate import block_bytes
 from kvmesh.router.routing.cost.fleet import FleetRates
 
@@ -24,6 +26,19 @@ class PullPriors:
     """Pull bandwidth assumed before any replica measured one (None: no pull until one did)."""
     overhead_s: float = 0.0
     """Seconds a pull costs besides its bytes, before any replica measured it."""
+
+
+def pull_holder(loads: Mapping[ReplicaId, ReplicaLoad], matches: Mapping[ReplicaId, int], usable: int,
+                priors: PullPriors | None) -> tuple[ReplicaId | None, int]:
+    """(the candidate others may pull from: the one with KV transfer on holding the most leading blocks of
+    ``matches``, the blocks it holds, at most ``usable``); (None, 0) when pulls are off or none holds any."""
+    if priors is None or not priors.enabled:
+        return None, 0
+    holder, best = None, 0
+    for rid, m in matches.items():
+        if m > best and rid in loads and loads[rid].kv_transfer_enabled:
+            holder, best = rid, m
+    return holder, min(best, usable)
 
 
 def can_pull(chosen: ReplicaLoad, holder: ReplicaLoad, priors: PullPriors | None) -> bool:

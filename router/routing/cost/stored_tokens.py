@@ -38,7 +38,7 @@ from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.estimate import prefill_s_per_token
 from kvmesh.router.routing.cost.fleet import FleetRates
-from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
+from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_holder, pull_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,8 @@ def stored_tokens(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[
                   pullable: Mapping[ReplicaId, int] | None = None) -> dict[ReplicaId, StoredTokens]:
     """Every candidate's ``StoredTokens`` (``matches``: leading device blocks each holds; ``pullable``: of them, those
     events confirmed, which a pull can move now; None: all of ``matches``)."""
-    holder, best = _holder(prompt, matches if pullable is None else pullable, loads, block_size, pulls)
+    holder, best = pull_holder(loads, matches if pullable is None else pullable, reusable_blocks(prompt, block_size),
+                               pulls)
     fleet = FleetRates.of(loads.values()) if holder is not None else None
     held = min(max((m for rid, m in matches.items() if rid in loads), default=0), reusable_blocks(prompt, block_size))
     comeback = ghost_weight * sum(load.comeback for load in loads.values()) / len(loads) if ghost_weight else 0.0
@@ -91,19 +92,6 @@ def pull_share(load: ReplicaLoad, fleet: FleetRates, num_blocks: int, block_size
         return None
     compute_s = num_blocks * block_size * spt
     return seconds / compute_s if seconds < compute_s else None
-
-
-def _holder(prompt: int, matches: Mapping[ReplicaId, int], loads: Mapping[ReplicaId, ReplicaLoad], block_size: int,
-            pulls: PullPriors | None) -> tuple[ReplicaId | None, int]:
-    """The candidate holding the most leading blocks that can be pulled from, and how many (at most the reusable
-    ones: an engine computes the last token); (None, 0) when pulls are off or none holds any."""
-    if pulls is None or not pulls.enabled:
-        return None, 0
-    holder, best = None, 0
-    for rid, m in matches.items():
-        if m > best and rid in loads and loads[rid].kv_transfer_enabled:
-            holder, best = rid, m
-    return holder, min(best, reusable_blocks(prompt, block_size))
 
 
 def pulls_possible(pulls: PullPriors | None, loads: Mapping[ReplicaId, ReplicaLoad]) -> bool:
