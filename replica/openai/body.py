@@ -18,7 +18,7 @@ from typing import TypeVar
 import msgspec
 from fastapi import Request
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.errors import parse_request
+from kvmesh.replica.openai.errors import parse_checked, parse_request
 from kvmesh.replica.openai.heap_trim import after_large_body
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
@@ -89,18 +89,21 @@ async def parse_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) ->
     return (await decode_off_loop(raw, model_cls, offload))[1]
 
 
-def decode_body(raw: bytes, model_cls: type[M]) -> tuple[JSONObject, M]:
-    """``parse_body``, with the JSON object it validated (every field the client sent, unknown ones too)."""
+def decode_body(raw: bytes, model_cls: type[M],
+                in_range: type[list[int]] | None = None) -> tuple[JSONObject, M, dict[str, list[int]]]:
+    """``parse_body``, with the JSON object it validated (every field the client sent, unknown ones too) and the
+    token-id fields ``in_range`` took (``errors.parse_checked``)."""
     body = decode_json(raw)
-    return body, parse_request(model_cls, body)  # parse_request refuses anything but an object
+    return body, *parse_checked(model_cls, body, in_range)  # parse_checked refuses anything but an object
 
 
-async def decode_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) -> tuple[JSONObject, M]:
+async def decode_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M],
+                          in_range: type[list[int]] | None = None) -> tuple[JSONObject, M, dict[str, list[int]]]:
     """``decode_body``, on the loop for small bodies and through ``offload`` for large ones."""
     if len(raw) <= _INLINE_BYTES:
-        return decode_body(raw, model_cls)
+        return decode_body(raw, model_cls, in_range)
     after_large_body(len(raw), offload)  # what it is decoded into is handed back soon after (heap_trim.py)
-    return await offload(decode_body, raw, model_cls)
+    return await offload(decode_body, raw, model_cls, in_range)
 
 
 async def encode_off_loop(body: JSONObject, size: int, offload: Offload) -> bytes:

@@ -150,11 +150,14 @@ class PromptRenderer:
             return req.truncated(ids, self.require_tokenizer().max_model_len)
         return (await self.prompts(req, first_only=True))[0]
 
-    async def prompts(self, req: CompletionRequest, first_only: bool = False) -> list[list[int]]:
-        """Token ids of every prompt of a completion request (or of its first), as the replica computes them."""
+    async def prompts(self, req: CompletionRequest, first_only: bool = False,
+                      checked: list[int] | None = None) -> list[list[int]]:
+        """Token ids of every prompt of a completion request (or of its first), as the replica computes them;
+        ``checked``: its prompt's ids as this tokenizer's range check returned them (``errors.parse_checked``)."""
         limit, special = self.require_tokenizer().max_model_len, req.add_special_tokens is not False
         prompts = [req.single_prompt()] if first_only else req.prompts()
-        return [req.truncated(await self.completion(prompt, special), limit) for prompt in prompts]
+        return [req.truncated(prompt if prompt is checked else await self.completion(prompt, special), limit)
+                for prompt in prompts]
 
     async def detokenize(self, req: DetokenizeRequest) -> str:
         """``POST /detokenize``: the ids' text (special tokens kept, as vLLM); ids outside the vocabulary are a 400."""

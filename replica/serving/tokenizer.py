@@ -135,7 +135,7 @@ class Tokenizer:
         return self.encode(text, add_special_tokens) if len(text) <= max_fresh_chars else None
 
     @functools.cached_property
-    def _token_ids_type(self) -> type[list[int]]:
+    def token_ids_type(self) -> type[list[int]]:
         """msgspec type of a list of token ids in this vocabulary."""
         from typing import Annotated
 
@@ -150,7 +150,7 @@ class Tokenizer:
         if isinstance(prompt, str):
             return self.encode(prompt, add_special_tokens=add_special_tokens)
         try:  # in C: ints (not bools) in [0, vocab), into a new list; anything else is looked at one by one below
-            return msgspec.convert(prompt, self._token_ids_type, strict=True)
+            return msgspec.convert(prompt, self.token_ids_type, strict=True)
         except msgspec.ValidationError:
             ids = list(prompt)
             vocab = self.vocab_size  # len(hf) costs ~5 µs: read only on this path

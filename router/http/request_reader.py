@@ -54,7 +54,9 @@ class RequestReader:
         replica checks it, and the pool its ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
         svc = self.plane
         model_cls: type[OpenAIRequest] = ChatCompletionRequest if chat else CompletionRequest
-        body, req = await decode_off_loop(raw, model_cls, svc.renderer.run)
+        own = svc.renderer.tokenizer  # a token-id prompt is range-checked by it as it is validated (errors.py)
+        body, req, checked = await decode_off_loop(raw, model_cls, svc.renderer.run,
+                                                   own.token_ids_type if own is not None else None)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
         check_grammar_limits(req, svc.renderer.config)  # before any replica is asked (grammar_limits.py)
         pool = svc.pool_for(req.model)
@@ -64,7 +66,7 @@ class RequestReader:
         if isinstance(req, ChatCompletionRequest):
             prompts = [await renderer.request(req)]
         else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
-            prompts = await renderer.prompts(req)
+            prompts = await renderer.prompts(req, checked=checked.get("prompt") if tokenizer is own else None)
         params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
         return body, req, prompts, params[0] if params else None, pool
 
