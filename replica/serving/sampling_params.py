@@ -111,19 +111,20 @@ class SamplingParams:
                 "min_tokens", f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         if not all(self.stop):  # any(not s for s in stop), without a generator
             raise SamplingParamsError("stop", "stop strings must be non-empty")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise SamplingParamsError(
-                "stop_token_ids", f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or not 0 <= value <= MAX_LOGPROBS):
-                raise SamplingParamsError(
-                    name, f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+        ids = self.stop_token_ids
+        if (ids.__class__ is not list or ids) and any(not isinstance(t, int) or t < 0 for t in ids):
+            raise SamplingParamsError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {ids!r}")
+        if self.logprobs is not None or self.prompt_logprobs is not None:  # most requests ask for none
+            self._validate_logprobs()
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.allowed_token_ids)):
             raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must be a non-empty list of "
                                       f"non-negative token ids, got {self.allowed_token_ids!r}")
-        self._validate_penalties()
+        if not (self.presence_penalty.__class__ is float and self.presence_penalty == 0.0
+                and self.frequency_penalty.__class__ is float and self.frequency_penalty == 0.0
+                and self.repetition_penalty.__class__ is float and self.repetition_penalty == 1.0
+                and self.min_p.__class__ is float and self.min_p == 0.0):  # the defaults pass as they are
+            self._validate_penalties()
         for token_id, bias in (self.logit_bias or {}).items():
             if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
                 raise SamplingParamsError(
@@ -131,6 +132,13 @@ class SamplingParams:
             if not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
                 raise SamplingParamsError(
                     "logit_bias", f"logit_bias[{token_id}] must be a number in [-100, 100], got {bias!r}")
+
+    def _validate_logprobs(self) -> None:
+        for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_LOGPROBS):
+                raise SamplingParamsError(
+                    name, f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
 
     def _validate_penalties(self) -> None:
         for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
