@@ -119,7 +119,8 @@ class RouterModels:
     def pool_for(self, model: str | None) -> ModelPool | None:
         """The pool ``model`` picks (None: every replica); ProtocolError 400/404 as ``ModelCatalog.pool``."""
         pool = self.catalog.pool(model)
-        if pool is None and model is not None and not self.catalog.names_base(model):
+        if pool is None and model is not None and self.config.served_name is not None \
+                and not self.catalog.names_base(model):
             self.check_own(model)  # one base model (else pool() refused an unknown name): today's rule
         return pool
 
