@@ -42,16 +42,18 @@ class ChatMessage(OpenAIBaseModel):
         return "\n".join(texts)
 
     def to_template_dict(self) -> JSONObject:
-        d: JSONObject = {"role": self.role, "content": self.text()}
+        content = self.content  # read once per message per request: plain text is the usual case
+        d: JSONObject = {"role": self.role, "content": content if content.__class__ is str else self.text()}
         if self.name:
             d["name"] = self.name
         if self.tool_call_id is not None:
             d["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             d["tool_calls"] = [template_tool_call(call, i) for i, call in enumerate(self.tool_calls)]
-        thinking = self.reasoning if self.reasoning is not None else self.reasoning_content
-        if thinking is not None and self.role == "assistant":
-            d["reasoning"] = d["reasoning_content"] = thinking
+        if self.role == "assistant":
+            thinking = self.reasoning if self.reasoning is not None else self.reasoning_content
+            if thinking is not None:
+                d["reasoning"] = d["reasoning_content"] = thinking
         return d
 
 

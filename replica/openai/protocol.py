@@ -278,6 +278,8 @@ class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEch
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The output's constraint; with ``tool_choice`` "required" or a named function, the tools' schema, written
         into ``structured_outputs`` as ``{"json": schema}`` (vLLM's rule) where the engine reads it."""
+        if self.tools is None and self.tool_choice is None:  # no tools: nothing to check or write (most chats)
+            return super().structured_outputs_params()
         self.check_tools()
         schema = self.tool_schema()
         if schema is not None and self.structured_outputs != {"json": schema}:

@@ -167,6 +167,17 @@ def test_chat_content_parts_join_text():
     assert req.template_messages() == [{"role": "user", "content": "a\nb"}]
 
 
+def test_a_messages_template_form_keeps_reasoning_for_the_assistant_only():
+    messages = [{"role": "system", "content": None}, {"role": "user", "content": "q", "reasoning": "not mine"},
+                {"role": "assistant", "content": "a", "reasoning_content": "r", "name": "bot"},
+                {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    req = parse_request(ChatCompletionRequest, {"messages": messages})
+    assert req.template_messages() == [
+        {"role": "system", "content": ""}, {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "name": "bot", "reasoning": "r", "reasoning_content": "r"},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+
+
 def test_usage_reports_cached_tokens():
     u = UsageInfo.of(10, 5, 8).model_dump()
     assert u["total_tokens"] == 15 and u["prompt_tokens_details"]["cached_tokens"] == 8
