@@ -12,6 +12,8 @@ leave is trimmed (heap_trim.py).
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -92,9 +94,41 @@ async def parse_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) ->
 def decode_body(raw: bytes, model_cls: type[M],
                 in_range: type[list[int]] | None = None) -> tuple[JSONObject, M, dict[str, list[int]]]:
     """``parse_body``, with the JSON object it validated (every field the client sent, unknown ones too) and the
-    token-id fields ``in_range`` took (``errors.parse_checked``)."""
-    body = decode_json(raw)
-    return body, *parse_checked(model_cls, body, in_range)  # parse_checked refuses anything but an object
+    token-id fields ``in_range`` took (``errors.parse_checked``). A completion's one list of token ids in range is
+    decoded and range-checked in one pass, and the object keeps it as sent (``msgspec.Raw``: encoded again as it
+    came, not rebuilt from a thousand ints); any other body, a malformed one too, is decoded as a whole."""
+    fast = _decode_id_prompt(raw, in_range) if in_range is not None and "prompt" in model_cls.__token_id_fields__ \
+        and _ID_PROMPT.match(raw, max(raw.find(b'"prompt"'), 0)) else None
+    if fast is None:
+        body = decode_json(raw)
+        return body, *parse_checked(model_cls, body, in_range)  # parse_checked refuses anything but an object
+    body, sent = fast
+    req, checked = parse_checked(model_cls, body, in_range, given=("prompt",))
+    return {**body, "prompt": sent}, req, checked
+
+
+_ID_PROMPT = re.compile(rb'"prompt"\s*:\s*\[\s*\d')
+"""What a body whose prompt is token ids has where ``"prompt"`` first appears (a hint: ``_decode_id_prompt``
+decides; a body it misses is decoded as a whole)."""
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+
+
+@functools.lru_cache(maxsize=8)
+def _ids_decoder(in_range: type[list[int]]) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(in_range)
+
+
+def _decode_id_prompt(raw: bytes, in_range: type[list[int]]) -> tuple[JSONObject, msgspec.Raw] | None:
+    """(the object with its ``prompt`` decoded as ids of ``in_range``, the prompt as sent) when ``raw`` is an object
+    whose prompt is a non-empty list of such ids; None otherwise (``decode_json`` then decodes it, or says why not)."""
+    try:
+        fields = _FIELDS.decode(raw)
+        sent, ids = fields.get("prompt"), _ids_decoder(in_range)
+        body = {key: ids.decode(value) if key == "prompt" else _ANY.decode(value) for key, value in fields.items()}
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
+    return (body, sent) if body.get("prompt") else None
 
 
 async def decode_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M],

@@ -33,19 +33,18 @@ def validation_error_message(exc: ValidationError) -> str:
 _TOKEN_IDS = list[int]
 
 
-def _token_ids(value: JsonValue, in_range: type[list[int]] | None) -> list[int] | None:
-    """``value`` when it is a non-empty list of JSON integers (no bools, floats or strings), checked in C, else None;
-    a copy when ``in_range`` (a ``Tokenizer.token_ids_type``) takes it too: the check and the range check in one
-    pass."""
+def _token_ids(value: JsonValue, in_range: type[list[int]] | None) -> tuple[list[int] | None, bool]:
+    """(``value`` when it is a non-empty list of JSON integers (no bools, floats or strings), checked in C, else None;
+    whether ``in_range`` (a ``Tokenizer.token_ids_type``) took it too: then a copy, both checks in one pass)."""
     if value.__class__ is not list or not value or value[0].__class__ is not int:
-        return None
+        return None, False
     for kind in (in_range, _TOKEN_IDS) if in_range is not None else (_TOKEN_IDS,):
         try:
             ids = msgspec.convert(value, kind, strict=True)
         except msgspec.ValidationError:
             continue
-        return ids if kind is in_range else value
-    return None
+        return (ids, True) if kind is in_range else (value, False)
+    return None, False
 
 
 def parse_request(model_cls: type[M], body: JsonValue) -> M:
@@ -53,19 +52,24 @@ def parse_request(model_cls: type[M], body: JsonValue) -> M:
     return parse_checked(model_cls, body)[0]
 
 
-def parse_checked(model_cls: type[M], body: JsonValue,
-                  in_range: type[list[int]] | None = None) -> tuple[M, dict[str, list[int]]]:
+def parse_checked(model_cls: type[M], body: JsonValue, in_range: type[list[int]] | None = None,
+                  given: tuple[str, ...] = ()) -> tuple[M, dict[str, list[int]]]:
     """``parse_request``, with the token-id fields whose ids ``in_range`` (a ``Tokenizer.token_ids_type``) took:
     their values on the model, range-checked (that tokenizer's ``render_completion`` would return them as they are).
+    ``given``: fields of ``body`` already decoded as such ids (body.py).
 
     Fields the model names in ``__token_id_fields__`` skip pydantic when they hold a plain list of integers
     (a 1,000-token prompt costs pydantic ~30 µs, msgspec's C check ~3): the model is validated with a
     one-token stand-in and gets the list after, so errors and results are pydantic's either way."""
     if not isinstance(body, dict):
         raise ProtocolError(f"request body must be a JSON object, got {type(body).__name__}")
-    ids = {name: value for name in model_cls.__token_id_fields__
-           if (value := _token_ids(body.get(name), in_range)) is not None}
-    checked = {name: value for name, value in ids.items() if value is not body[name]}
+    ids, checked = {}, {}
+    for name in model_cls.__token_id_fields__:
+        value, took = (body[name], True) if name in given else _token_ids(body.get(name), in_range)
+        if value is not None:
+            ids[name] = value
+            if took:
+                checked[name] = value
     try:
         if not ids:
             return model_cls.model_validate(body), checked

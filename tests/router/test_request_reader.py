@@ -68,3 +68,38 @@ def test_an_error_before_the_range_check_keeps_its_turn(reader):
     with pytest.raises(ProtocolError) as e:
         parse(reader, {"prompt": [1, 10**6], "max_tokens": 2, "kv_transfer_params": {}})
     assert e.value.param == "kv_transfer_params"
+
+
+def outcome(fn):
+    try:
+        return "ok", fn()
+    except ProtocolError as e:
+        return "error", e.status_code, e.message, e.param
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"prompt": [1, 2], "x": NaN}', b'{"prompt": [1, 2], "x": "\xff"}', b'{"prompt": [1, 2], "x": "\\ud800"}',
+    b'{"prompt": [1, 2]} trailing', b'{"prompt": [1, 2], "n": 1.5}', b'{"prompt": [1, 2], "prompt": "a"}',
+    b'{"prompt": "a", "prompt": [3, 4]}', b'{"prompt": [1, 2], "max_tokens": "2"}', b'{"prompt": []}',
+    b'{"prompt": [1, 99999999999999999999999]}', b'{"prompt": [1, true]}', b'{"prompt": [[1], [2]]}',
+    b'{"prompt": [1, 2], "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", b'[{"prompt": [1, 2]}]',
+    b'{"user": "\\"prompt\\": [1", "prompt": [1, 2]}', b'{"prompt": [1, 2], "pr\\u006fmpt": "text"}',
+])
+def test_a_body_with_a_token_id_prompt_is_read_as_the_whole_body_decode_reads_it(tokenizer, raw):
+    """Whatever the fast decode of a token-id prompt takes, the validated request and every answer are the ones
+    the object decoded as a whole gives."""
+    fast = outcome(lambda: decode_body(raw, CompletionRequest, tokenizer.token_ids_type)[1])
+    whole = outcome(lambda: decode_body(raw, CompletionRequest)[1])
+    assert fast == whole
+
+
+def test_the_prompt_of_token_ids_goes_upstream_as_sent(reader):
+    from kvmesh.router.http.proxy_request import ProxyRequest
+    from kvmesh.router.http.token_forwarding import KVMESH
+
+    raw = b'{"model": "m", "prompt": [1,  5 , 9], "max_tokens": 2, "extra": {"a": [1.5e0]}}'
+    body, req, prompts = asyncio.run(reader.parse_prompts(raw, False))
+    assert prompts == [[1, 5, 9]] and req.prompt == [1, 5, 9]
+    sent = ProxyRequest(body, req, prompts, False, True).for_kind(KVMESH, by_priority=True)
+    assert b'"prompt":[1,  5 , 9]' in sent  # its bytes as the client wrote them, not re-encoded
+    assert json.loads(sent) == {**json.loads(raw), "priority": 0}
