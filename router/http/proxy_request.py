@@ -44,7 +44,8 @@ class ProxyRequest:
 
     body: JSONObject
     """The JSON object the client sent, decoded once: every field, those the router does not know too (plus
-    ``return_token_ids`` for a stream the router may migrate); a continuation's, the router's own."""
+    ``return_token_ids`` for a stream the router may migrate; a prompt of token ids as its bytes, ``msgspec.Raw``:
+    replica/openai/body.py); a continuation's, the router's own."""
     req: OpenAIRequest | None = None
     """``body`` validated (None for a continuation, whose body the router wrote)."""
     prompts: list[list[int]] = field(default_factory=list)
