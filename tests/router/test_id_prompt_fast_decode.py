@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import sys
 
 import msgspec
 import pytest
@@ -178,3 +179,14 @@ def test_nesting_at_the_recursion_limit_is_refused_or_taken_as_a_whole(tokenizer
         whole = [outcome(raw, tokenizer.token_ids_type) for raw in bodies]
     assert fast == whole
     assert fast[0][0] == "ok" and fast[-1][:3] == ("error", 400, "request body is nested too deeply")
+
+
+@pytest.mark.parametrize("filler", [b" " * (1 << 20), b'"dropped": "' + b"a" * (1 << 20) + b'", "dropped": 1,'])
+def test_the_prompt_kept_as_sent_does_not_keep_the_whole_body_alive(reader, filler):
+    """A request lives as long as its stream (or its wait in the queue): its prompt's bytes are its own, not a view
+    of a client's megabyte of whitespace or of a field the decode dropped."""
+    raw = b'{' + filler + b'"prompt": [1, 2, 3], "max_tokens": 2}'
+    held = sys.getrefcount(raw)
+    body, req, prompts = asyncio.run(reader.parse_prompts(raw, False))
+    assert req.prompt == [1, 2, 3] and bytes(body["prompt"]) == b"[1, 2, 3]"  # the fast path's bytes as sent
+    assert sys.getrefcount(raw) == held
