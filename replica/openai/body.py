@@ -96,7 +96,8 @@ def decode_body(raw: bytes, model_cls: type[M],
     """``parse_body``, with the JSON object it validated (every field the client sent, unknown ones too) and the
     token-id fields ``in_range`` took (``errors.parse_checked``). A completion's one list of token ids in range is
     decoded and range-checked in one pass, and the object keeps it as sent (``msgspec.Raw``: encoded again as it
-    came, not rebuilt from a thousand ints); any other body, a malformed one too, is decoded as a whole."""
+    came, not rebuilt from a thousand ints, and holding only its own bytes); any other body, a malformed one too, is
+    decoded as a whole."""
     fast = _decode_id_prompt(raw, in_range) if in_range is not None and "prompt" in model_cls.__token_id_fields__ \
         and _ID_PROMPT.match(raw, max(raw.find(b'"prompt"'), 0)) else None
     if fast is None:
@@ -128,7 +129,7 @@ def _decode_id_prompt(raw: bytes, in_range: type[list[int]]) -> tuple[JSONObject
         body = {key: ids.decode(value) if key == "prompt" else _ANY.decode(value) for key, value in fields.items()}
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # ValidationError is a DecodeError
         return None
-    return (body, sent) if body.get("prompt") else None
+    return (body, sent.copy()) if body.get("prompt") else None  # copy: its own bytes, not a view of all of raw
 
 
 async def decode_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M],
