@@ -112,6 +112,20 @@ def read_both_ways(reader, monkeypatch, bodies: list[bytes]) -> tuple[list[tuple
     return fast, whole
 
 
+@pytest.mark.parametrize("raw", [
+    b'{"prompt": [1, 2], "prompt": [3]}', b'{"prompt": [1, 2], "prompt": "text"}', b'{"prompt": "text", "prompt": [3]}',
+    b'{"extra": {"prompt": [1]}, "prompt": "text"}', b'{"extra": {"prompt": "t"}, "prompt": [5, 6]}',
+    b'{"user": "\\"prompt\\": [1", "prompt": "text"}', b'{"pr\\u006fmpt": [1], "prompt": "text"}',
+    b'{"prompt": [1], "pr\\u006fmpt": "text"}', b'{"prompt": [1, 18446744073709551616]}', b'{"prompt": [1, -1]}',
+    b'{"prompt": [0, -0], "max_tokens": 2}', b'{"prompt": [1, 1e2]}', b'{"prompt": [1, true]}', b'{"prompt": [[1], [2]]}',
+    b'{"prompt": [1, 512]}', b'{"prompt": [1], "x": "\\udc00"}', b'{"prompt": [1], "x": NaN}', b'{"prompt": [1]} []',
+    b'[{"prompt": [1]}]', b'{"prompt": [1], "echo": true, "max_tokens": 0}', b'{"prompt": [1], "priority": 5}',
+])
+def test_named_hostile_bodies_are_read_as_the_whole_body_decode_reads_them(reader, monkeypatch, raw):
+    fast, whole = read_both_ways(reader, monkeypatch, [raw])
+    assert fast == whole
+
+
 def test_generated_hostile_bodies_are_read_as_the_whole_body_decode_reads_them(reader, monkeypatch):
     rng = random.Random(20261126)
     bodies = [hostile_body(rng) for _ in range(400)]
