@@ -182,8 +182,9 @@ def outcome(raw: bytes, in_range) -> tuple:
 
 
 def test_nesting_at_the_recursion_limit_is_refused_or_taken_as_a_whole(tokenizer, monkeypatch):
-    """The fast path decodes each field one level less deep than the whole object: a field nested up to the limit
-    is still refused with the whole decode's answer, never taken where the whole body would not be."""
+    """The fast path decodes each field one level less deep than the whole object, but its first pass (the object
+    as ``msgspec.Raw`` fields) walks every field at the whole object's depth: a field nested to the limit is refused
+    with the whole decode's answer, never taken where the whole body would not be."""
     deepest = deepest_decoded()
     bodies = [b'{"prompt":[1,2],"x":' + b"[" * depth + b"]" * depth + b"}"
               for depth in range(deepest - 3, deepest + 4)]
