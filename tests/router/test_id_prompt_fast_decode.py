@@ -100,8 +100,10 @@ def read(reader, raw: bytes) -> tuple:
         body, req, prompts = asyncio.run(reader.parse_prompts(raw, False))
     except ProtocolError as e:
         return "error", e.status_code, e.message, e.param
+    request = ProxyRequest(body, req, prompts, False, True, size=len(raw))  # a large body's is encoded off the loop
+    encoded = asyncio.run(request.encoded_for(KVMESH, True, reader.plane.renderer.run))
     return ("ok", msgspec.json.decode(msgspec.json.encode(body)), req.model_dump(), prompts,
-            upstream_bodies(body, req, prompts))
+            upstream_bodies(body, req, prompts), msgspec.json.decode(encoded))
 
 
 def read_both_ways(reader, monkeypatch, bodies: list[bytes]) -> tuple[list[tuple], list[tuple]]:
