@@ -53,6 +53,9 @@ class ReplicaLoad:
     """Device blocks its KV events stored (the blocks ``comeback`` is taken over)."""
     came_back_blocks: int = 0
     """Of ``stored_blocks``, those that came back after an eviction (on it or another replica)."""
+    landing_pulls: int = 0
+    """This router's requests sent here with a peer pull still landing, by its priced seconds: each joins the
+    replica's queue when its pull lands, behind a request sent meanwhile (router/routing/pulls_landing.py)."""
     evicted: OrderedDict[object, None] = field(default_factory=OrderedDict)
     """Its ghost list: the device blocks it evicted lately (external hashes -> None), the oldest first, one cache deep
     (router/routing/eviction_ghosts.py; kept only for a policy that prices comeback)."""

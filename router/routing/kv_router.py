@@ -24,8 +24,9 @@ from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import KVPlacementRules, SplitChoice, choose_split, pull_priors
 from kvmesh.router.routing.load import LoadTracker
-from kvmesh.router.routing.peer_pulls import PeerPulls
+from kvmesh.router.routing.peer_pulls import PeerPulls, PlannedPull
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.pulls_landing import PullsLanding
 from kvmesh.router.routing.receipts import Receipts, route_receipt
 from kvmesh.router.routing.routable import RoutableLoads
 from kvmesh.router.routing.route_decision import RouteDecision
@@ -68,6 +69,8 @@ class KVRouter:
         self.pullable = policy.prices_pulls and self.transfers.peer_pulls  # match what a pull can move (no predictions)
         self.pulls = PeerPulls(self.index, self.replicas, self.transfers, self.routable.fleet_rates)
         """Plans the peer pull of each decision (router/routing/peer_pulls.py)."""
+        self.landing = PullsLanding()
+        """The pulls still landing on each replica (pulls_landing.py), counted on its load before a decision."""
         policy.use_replicas(self.replicas)
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
@@ -185,13 +188,11 @@ class KVRouter:
         with self.lock:
             matched = self.index.match_tiers(keys, now=now, pullable=self.pullable)
             version, t2 = self.index.predictions.version, _ns()  # the version the match was taken at
-            loads = self._routable_loads(excluded, pool)
+            loads = self._routable_loads(excluded, pool, now)
             tiers = matched.without(self._untrusted(matched))
             choice = policy.decide(keys, tiers, loads, num_tokens, lora_name, self._pinned(session_id, now, loads))
             replica_id, estimate, replica = choice.replica_id, choice.estimate, self.replicas.get(choice.replica_id)
-            if commit:
-                self._credit(replica, keys, session_id, now, tiers.device.get(replica_id, 0))
-            pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
+            pull = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now, commit)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
@@ -201,10 +202,24 @@ class KVRouter:
                              pool=pool, decided_at_ns=t0, estimate=estimate if receipt.predicted_ttft_s is not None else None,
                              held_blocks=matched.device.get(replica_id, 0), index_version=version)
 
-    def _routable_loads(self, excluded: set, pool: frozenset | None) -> CandidateLoads | dict:
-        """``candidate_loads`` with the other router processes' counts taken in (call under the lock);
-        NoReplicaError when none is left."""
+    def _credit_and_plan(self, replica: Replica, keys: list[int], tiers: TierMatches, num_tokens: int,
+                         excluded: set, pool: frozenset | None, session_id: str | None, now: float | None,
+                         commit: bool) -> PlannedPull | None:
+        """``route``'s choice committed (``commit``: credited, and its pull counted as landing there) and its peer
+        pull planned (under the lock)."""
+        if commit:
+            self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0))
+        pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
+        if commit and pull is not None:
+            self.landing.add(replica, pull.pull_s, now)
+        return pull
+
+    def _routable_loads(self, excluded: set, pool: frozenset | None, now: float | None) -> CandidateLoads | dict:
+        """``candidate_loads`` with the other router processes' counts and the pulls landing at ``now`` taken in
+        (call under the lock); NoReplicaError when none is left."""
         self.loads.refresh()  # other router processes' in-flight counts, when shared
+        if self.landing:
+            self.landing.count(now)
         loads = self.candidate_loads(excluded, pool)
         if not loads:
             raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
@@ -238,6 +253,8 @@ class KVRouter:
             else:
                 start = index.match(decision.keys, now=now).get(decision.replica_id, 0)
             self._credit(decision.replica, decision.keys, session_id, now, start)
+            if decision.pull is not None:
+                self.landing.add(decision.replica, decision.pull.pull_s, now)
 
     def _credit(self, replica: Replica, keys: list[int], session_id: str | None, now: float | None,
                 start: int) -> None:

@@ -38,8 +38,10 @@ over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/e
 **Stored tokens** (cost/stored_tokens.py). With peer pulls on (``price_pulls``), the prefix a candidate with no
 prefill queued would pull from a peer costs the pull's share of its compute time, and a copy of blocks another
 replica holds costs how often evicted blocks come back (``ghost_weight``, 1 there unless set; the ghost lists:
-router/routing/eviction_ghosts.py). Without pulls neither is priced unless ``ghost_weight`` is set. Their verdict:
-docs/benchmarks/routing-against-peers.md.
+router/routing/eviction_ghosts.py). A candidate a committed pull is still landing on (``ReplicaLoad.landing_pulls``)
+costs its computed tokens once more per such pull: the pulled request joins the queue when its transfer ends and
+waits through them, a full prefill token each, as the first term prices them. Without pulls none is priced unless
+``ghost_weight`` is set. Their verdict: docs/benchmarks/routing-against-peers.md.
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -131,7 +133,7 @@ class CacheAwareTokensPolicy(Policy):
     def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float,
                       pullable: Matches | None = None) -> dict[ReplicaId, float]:
         """``costs`` with the new tokens priced by cost/stored_tokens.py: pulled ones at the pull's share, plus the
-        eviction damage of storing them."""
+        eviction damage of storing them, and the computed ones once more per pull landing on the candidate."""
         c = self.config
         pulls = self.pulls if c.price_pulls and pulls_possible(self.pulls, loads) else None
         stored = stored_tokens(prompt, matches, loads, self.block_size, pulls, self._ghost_weight(pulls is not None),
@@ -142,6 +144,8 @@ class CacheAwareTokensPolicy(Policy):
             steps = self._steps(backlog + s.computed)
             price = s.price * self._turnover(churn * load.recent_prefill) if churn and s.price else s.price
             out[rid] = price + s.damage + self._backlog_cost(backlog) + c.decode_weight * steps * load.decode_load
+            if load.landing_pulls:  # computed ahead of each pull landing there: it waits through them
+                out[rid] += load.landing_pulls * s.computed
         return out
 
     def _steps(self, prefill_tokens: float) -> float:
