@@ -66,3 +66,12 @@ def test_sim_with_a_host_tier_compares_each_policy_with_and_without_it(mooncake_
     assert without["host_hit_rate"] == 0.0 and with_tier["host_hit_rate"] > 0
     assert with_tier["hit_rate"] > without["hit_rate"]
     assert "host tier" in capsys.readouterr().out
+    tier_only = tmp_path / "tier_only.json"
+    assert main(["sim", "--trace", str(mooncake_trace), "--start", "3800", "--limit", "120",
+                 "--max-prompt-blocks", "32", "--num-replicas", "4", "--block-size", "32", "--time-scale", "0.5",
+                 "--capacity-fraction", "0.15", "--offload-capacity-fraction", "0.85", "--policies", "cache_aware",
+                 "--no-offload-compare", "--out", str(tier_only), "--no-progress", "--no-plot"]) == 0
+    alone = json.loads(tier_only.read_text())["policies"]
+    assert list(alone) == ["cache_aware/host-tier"]  # the tier's run only, as the policy matrix's host cells read
+    figures = ("hit_rate", "host_hit_rate", "ttft_s", "hit_rate_vs_single_pool")  # the same run, timing aside
+    assert [alone["cache_aware/host-tier"][k] for k in figures] == [with_tier[k] for k in figures]

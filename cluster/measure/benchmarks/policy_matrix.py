@@ -40,8 +40,8 @@ WORKLOADS = ("mooncake", "azure_conv", "azure_code", "multi_turn", "chatbot", "t
 RATES = {"1x": 1.0, "2x": 0.5, "3x": 1 / 3}
 """Label -> ``--time-scale``."""
 KV = {"none": [], "pull1.8G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "1.8e9"],
-      "pull25G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "25e9"], "host": ["--offload-capacity-fraction", "0.25"]}
-"""Label -> the ``kvmesh sim`` flags of how KV moves."""
+      "pull25G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "25e9"], "host": ["--offload-capacity-fraction", "0.25", "--no-offload-compare"]}
+"""Label -> the ``kvmesh sim`` flags of how KV moves (a host tier: its runs only, the verdict reads no others)."""
 HIT_SLACK = 0.002
 """Hit rate (a fraction) the default may fall short of another policy's and still count as at least as good."""
 TTFT_SLACK = 0.01

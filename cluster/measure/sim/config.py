@@ -131,7 +131,9 @@ class SimConfig:
     working set, split evenly across replicas."""
     offload_capacity_fraction: float = 0.0
     """Total host-tier capacity as a fraction of the trace's working set (0 = no tier); each run is then
-    compared with the same run without the tier."""
+    compared with the same run without the tier (unless ``offload_compare`` is off)."""
+    offload_compare: bool = True
+    """With a host tier: also run each policy without it (labels /no-tier and /host-tier); off: the tier's runs only."""
     event_delay_s: float = 0.0
     """Simulated delay between a cache change on a replica and the router applying its event."""
     time_scale: float = 1.0

@@ -99,8 +99,9 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
         }
     host_blocks = offload_blocks_per_replica(config, records)
     report["offload_blocks_per_replica"] = host_blocks
-    tiers = {"": {}} if not host_blocks else {
-        "/no-tier": {"offload_blocks_per_replica": 0}, "/host-tier": {"offload_blocks_per_replica": host_blocks}}
+    tiers = {"": {}} if not host_blocks else {"/host-tier": {"offload_blocks_per_replica": host_blocks}}
+    if host_blocks and config.offload_compare:
+        tiers = {"/no-tier": {"offload_blocks_per_replica": 0}} | tiers
     runs = [(name + suffix + tier, name, _scraping(name, replace(config, **changes, **tier_changes)))
             for name in policies for suffix, changes in (variants or {"": {}}).items()
             for tier, tier_changes in tiers.items()]
