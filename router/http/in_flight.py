@@ -1,9 +1,10 @@
 """A dispatched request's place in its replica's load (router/routing/load.py), counted in one place.
 
-    with InFlight(loads, decision, prompt_tokens) as flight:   # on_dispatch
+    with InFlight(router, decision, prompt_tokens) as flight:  # on_dispatch
         opened = ...                                            # the attempt
         flight.answered()                                       # on_first_output; the answer finishes it
-    # left without ``answered`` (a failure, a retry elsewhere) or by an exception (a cancellation too): on_finish
+    # left without ``answered`` (a failure, a retry elsewhere) or by an exception (a cancellation too): on_finish,
+    # and its peer pull, which will not land now, no longer counted on the replica (``KVRouter.forget_pull``)
 
 A block left normally once ``answered`` hands the request to its answer (``Forwarder._answer``, relay.py), which
 finishes it when its body ends; any other way out finishes it here, so no path leaves a replica counting a request
@@ -18,6 +19,7 @@ from kvmesh.replica.openai.router_booking import booking_header
 
 if TYPE_CHECKING:
     from kvmesh.router.replicas.replica import Replica
+    from kvmesh.router.routing.kv_router import KVRouter
     from kvmesh.router.routing.load import LoadTracker
     from kvmesh.router.routing.route_decision import RouteDecision
 
@@ -25,8 +27,9 @@ if TYPE_CHECKING:
 class InFlight:
     """One attempt of a request on ``decision``'s replica, from its dispatch until its answer takes it over."""
 
-    def __init__(self, loads: LoadTracker, decision: RouteDecision, prompt_tokens: int) -> None:
-        self.loads = loads
+    def __init__(self, router: KVRouter, decision: RouteDecision, prompt_tokens: int) -> None:
+        self.router = router
+        self.loads = router.loads
         self.decision = decision
         """Its replica and ``uncached_tokens``, read at each count as the answer's finish reads them."""
         self.prompt_tokens = prompt_tokens
@@ -57,6 +60,8 @@ class InFlight:
         if exc_type is not None or not self.had_output:  # else its answer finishes it
             d = self.decision
             self.loads.on_finish(d.replica, d.uncached_tokens, had_output=self.had_output)
+            if not self.had_output:
+                self.router.forget_pull(d)
 
 
 def reserved(loads: LoadTracker, replica: Replica) -> Reservation:

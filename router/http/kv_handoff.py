@@ -60,9 +60,10 @@ class KVHandoff:
         svc = self.plane
         if not request.route_ids or len(request.prompts) > 1:
             return  # no token ids to prefill by (no tokenizer), or a batch of prompts: served as sent
-        prefill, skipped = svc.router.choose_prefill(decision)
-        if skipped is not None:
-            svc.metrics.child(svc.metrics.pd_splits, skipped).inc()
+        choice = svc.router.choose_split(decision)
+        prefill = choice.prefill
+        if choice.skipped is not None:
+            svc.metrics.child(svc.metrics.pd_splits, choice.skipped).inc()
         if prefill is not None:  # a split, or (its prefill call failed) the request as sent: never a pull
             handle = await self._prefill(request, decision, prefill) if not prefill.removed else None
             svc.metrics.child(svc.metrics.pd_splits, SPLIT_OK if handle is not None else SPLIT_PREFILL_FAILED).inc()

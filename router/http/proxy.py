@@ -119,7 +119,7 @@ class Forwarder:
                             await self.handoff.prepare(request, decision)
                     else:
                         self.handoff.pull(request, decision)
-                with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
+                with InFlight(svc.router, decision, len(request.route_ids)) as flight:
                     opened = await self._open(replica, request, headers + header_lines(flight.headers()), decision)
                     if isinstance(opened, Exception):  # a failed connection or deadline: the 5xx before it count
                         settle_5xx(failures, held, answered_elsewhere=True)

@@ -211,7 +211,7 @@ class KVRouter:
             self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0))
         pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
         if commit and pull is not None:
-            self.landing.add(replica, pull.pull_s, now)
+            self.landing.add(replica, pull, now)
         return pull
 
     def _routable_loads(self, excluded: set, pool: frozenset | None, now: float | None) -> CandidateLoads | dict:
@@ -254,7 +254,7 @@ class KVRouter:
                 start = index.match(decision.keys, now=now).get(decision.replica_id, 0)
             self._credit(decision.replica, decision.keys, session_id, now, start)
             if decision.pull is not None:
-                self.landing.add(decision.replica, decision.pull.pull_s, now)
+                self.landing.add(decision.replica, decision.pull, now)
 
     def _credit(self, replica: Replica, keys: list[int], session_id: str | None, now: float | None,
                 start: int) -> None:
@@ -274,20 +274,22 @@ class KVRouter:
         with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
             observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
 
+    def forget_pull(self, decision: RouteDecision) -> None:
+        """``decision``'s pull will not land: its attempt failed or was cancelled before its replica answered
+        (router/http/in_flight.py). Its replica stops counting it at once (pulls_landing.py)."""
+        if decision.pull is not None:
+            with self.lock:
+                self.landing.release(decision.replica, decision.pull)
+
     def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads | dict:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under
         the lock; router/routing/routable.py)."""
         return self.routable.loads(excluded, pool)
 
-    def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[Replica | None, str | None]:
-        """Where to prefill ``decision``'s prompt before its decode replica gets it: (prefill replica, None);
-        (None, why) when a split is wanted but not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); (None, None) when
-        the prompt stays whole (no prefill replica, or its uncached suffix is under ``pd_min_uncached_tokens``)."""
-        choice = self.choose_split(decision, now)
-        return choice.prefill, choice.skipped
-
     def choose_split(self, decision: RouteDecision, now: float | None = None) -> SplitChoice:
-        """``choose_prefill`` with the split's price in seconds (router/routing/kv_placement.py); ``now`` as ``route``'s."""
+        """Where to prefill ``decision``'s prompt before its decode replica gets it (router/routing/kv_placement.py):
+        no prefill replica when the prompt stays whole (none registered, or its uncached suffix is under
+        ``pd_min_uncached_tokens``), and why when a wanted split is not made; ``now`` as ``route``'s."""
         if not self.replicas.num_prefill or decision.uncached_tokens < self.transfers.pd_min_uncached_tokens:
             return SplitChoice(None)
         num_tokens = decision.uncached_tokens + decision.predicted_hit_tokens

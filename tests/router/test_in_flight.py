@@ -26,8 +26,10 @@ def _tracker() -> LoadTracker:
     return loads
 
 
-def _decision(loads: LoadTracker, uncached: int = 48) -> SimpleNamespace:
-    return SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=uncached)
+def _flight(loads: LoadTracker) -> InFlight:
+    """An attempt on replica a of the router owning ``loads``."""
+    decision = SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=48, pull=None)
+    return InFlight(SimpleNamespace(loads=loads, forget_pull=lambda d: None), decision, len(PROMPT))
 
 
 def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
@@ -37,14 +39,14 @@ def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
 
 def test_an_attempt_left_without_an_answer_is_finished():
     loads = _tracker()
-    with InFlight(loads, _decision(loads), len(PROMPT)):
+    with _flight(loads):
         assert _counts(loads) == (1, 48)
     assert _counts(loads) == (0, 0)
 
 
 def test_an_answered_attempt_is_handed_to_its_answer():
     loads = _tracker()
-    with InFlight(loads, _decision(loads), len(PROMPT)) as flight:
+    with _flight(loads) as flight:
         flight.answered()
     assert _counts(loads) == (1, 0)  # the answer's finish (had_output=True) ends it
     loads.on_finish(loads.replicas.get("a"), 48, had_output=True)
@@ -54,7 +56,7 @@ def test_an_answered_attempt_is_handed_to_its_answer():
 @pytest.mark.parametrize("answered", [False, True])
 def test_an_exception_finishes_the_attempt_answered_or_not(answered):
     loads = _tracker()
-    with pytest.raises(RuntimeError), InFlight(loads, _decision(loads), len(PROMPT)) as flight:
+    with pytest.raises(RuntimeError), _flight(loads) as flight:
         if answered:
             flight.answered()
         raise RuntimeError("after dispatch, before the answer took it")
@@ -65,7 +67,7 @@ def test_a_cancelled_attempt_is_finished():
     loads = _tracker()
 
     async def attempt() -> None:
-        with InFlight(loads, _decision(loads), len(PROMPT)):
+        with _flight(loads):
             await asyncio.sleep(10)
 
     async def main() -> None:
@@ -166,3 +168,49 @@ def test_dispatch_answers_503_when_no_replica_is_left():
         _dispatch(forwarder)
     assert e.value.status_code == 503
     assert _all_counts(router) == {"a": (0, 0), "b": (0, 0)}
+
+
+# ---------------------------------------------------------------- a pull that will not land
+def _pulling_forwarder(open_on) -> tuple[Forwarder, KVRouter, object]:
+    """A Forwarder over test_pull_landing's router (a holds the context, busy: the context goes elsewhere and pulls);
+    its first decision, with a pull counted as landing on its replica."""
+    from .test_pull_landing import CONTEXT, _router
+
+    router = _router()
+    for replica in router.replicas:
+        replica.spec = SimpleNamespace(url=f"http://{replica.id}")
+    decision = router.route(CONTEXT)
+    assert decision.pull is not None and decision.replica.load.landing_pulls == 1
+    forwarder, _ = _forwarder(open_on)
+    forwarder.plane.router = router
+    return forwarder, router, decision
+
+
+@pytest.mark.parametrize("how", ["cancelled", "failed over"])
+def test_a_pull_whose_attempt_ends_unanswered_no_longer_counts_on_its_replica(how):
+    """A client that cancels before its replica answers (or a replica that fails first) leaves no pull landing there:
+    the replica is not priced as busier for the pull's seconds."""
+    def open_on(rid, decision):
+        if how == "cancelled":
+            raise asyncio.CancelledError()
+        return Opened(_Upstream(503 if decision is first else 200), b"{", None, decision, None)
+
+    forwarder, router, first = _pulling_forwarder(open_on)
+    request = ProxyRequest.continuation({"prompt": list(range(16))}, list(range(16)), None)
+    if how == "cancelled":
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(forwarder.dispatch(request, [], first))
+    else:
+        asyncio.run(forwarder.dispatch(request, [], first))
+    router.landing.count(None)
+    assert first.replica.load.landing_pulls == 0
+
+
+def test_an_answered_pull_still_counts_until_its_priced_seconds_pass():
+    """The simulator's rule: a pull that was answered counts for its priced seconds (a stream's first bytes may come
+    before its pull lands)."""
+    forwarder, router, first = _pulling_forwarder(lambda rid, decision: Opened(_Upstream(200), b"{", None, decision,
+                                                                               None))
+    request = ProxyRequest.continuation({"prompt": list(range(16))}, list(range(16)), None)
+    asyncio.run(forwarder.dispatch(request, [], first))
+    assert first.replica.load.landing_pulls == 1

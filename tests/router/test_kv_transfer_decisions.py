@@ -78,9 +78,9 @@ def test_router_settings_for_transfers_are_checked():
 
 # ---------------------------------------------------------------- the split
 def split_of(router, decision):
-    """``choose_prefill``'s answer, its prefill replica named by id."""
-    prefill, skipped = router.choose_prefill(decision)
-    return None if prefill is None else prefill.id, skipped
+    """``choose_split``'s answer, its prefill replica named by id."""
+    choice = router.choose_split(decision)
+    return None if choice.prefill is None else choice.prefill.id, choice.skipped
 
 
 def test_split_only_for_a_long_uncached_suffix_on_the_decode_replica():

@@ -10,6 +10,8 @@ prefix, was sent to a replica a pull was landing on, and the pulled request wait
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from kvmesh.router.routing.cost import PullPriors
 from kvmesh.router.routing.kv_placement import KVPlacementRules
@@ -81,3 +83,23 @@ def test_a_decision_not_committed_counts_its_pull_only_once_committed():
     assert decision.pull is not None and decision.replica.load.landing_pulls == 0
     router.commit(decision, now=0.0)
     assert decision.replica.load.landing_pulls == 1
+
+
+def test_a_pull_that_will_not_land_stops_counting_at_once_and_only_itself():
+    """An attempt that fails or is cancelled before its replica answers never lands its pull: ``forget_pull`` takes
+    that pull off its replica's count at once, not after its priced seconds; another pull there still counts."""
+    router = _router()
+    first = router.route(CONTEXT, now=0.0)
+    assert first.pull is not None
+    second = dataclasses.replace(first, pull=dataclasses.replace(first.pull))  # another request, the same pull
+    router.commit(second, now=0.0)
+    load = first.replica.load
+    assert load.landing_pulls == 2
+    router.forget_pull(first)
+    assert load.landing_pulls == 1
+    router.forget_pull(first)  # twice: nothing more
+    assert load.landing_pulls == 1
+    router.route(CONTEXT[:BS], now=0.0, commit=False)
+    assert load.landing_pulls == 1  # the count before a decision agrees
+    router.forget_pull(second)
+    assert load.landing_pulls == 0 and not router.landing

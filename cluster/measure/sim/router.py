@@ -7,7 +7,7 @@ uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the
 ``/load`` reports as of the router's last poll.
 
 Roles and moves (sim/transfer.py): the routers decide as the HTTP router does (router/routing/kv_placement.py):
-prefill replicas join with their role and never decode; ``KVRouter.choose_prefill`` gives a request whose
+prefill replicas join with their role and never decode; ``KVRouter.choose_split`` gives a request whose
 uncached suffix on its decode replica is long enough a prefill leg on the prefill replica with room that
 gives it the earliest first token, when the split is worth its seconds (``SimRequest.prefill_leg``;
 ``pd_prefill_pick=policy`` lets the policy pick among them instead), and a request kept whole gets the
@@ -122,8 +122,8 @@ class SimRouter:
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
         # the split is decided before the decode replica counts the request, as the HTTP router does (kv_handoff)
-        prefill, skipped = router.choose_prefill(decision, now=now)  # router/routing/kv_placement.py
-        pid = prefill.id if prefill is not None else None
+        choice = router.choose_split(decision, now=now)  # router/routing/kv_placement.py
+        skipped, pid = choice.skipped, choice.prefill.id if choice.prefill is not None else None
         if pid is not None and self.config.pd_prefill_pick == "policy":
             pid = self._policy_prefill(router, decision.keys, req)
             skipped = None if pid is not None else SPLIT_NO_ROOM
