@@ -112,7 +112,7 @@ class SamplingParams:
         if not all(self.stop):  # any(not s for s in stop), without a generator
             raise SamplingParamsError("stop", "stop strings must be non-empty")
         ids = self.stop_token_ids
-        if (ids.__class__ is not list or ids) and any(not isinstance(t, int) or t < 0 for t in ids):
+        if any(not isinstance(t, int) or t < 0 for t in ids):
             raise SamplingParamsError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {ids!r}")
         if self.logprobs is not None or self.prompt_logprobs is not None:  # most requests ask for none
             self._validate_logprobs()
@@ -120,11 +120,7 @@ class SamplingParams:
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.allowed_token_ids)):
             raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must be a non-empty list of "
                                       f"non-negative token ids, got {self.allowed_token_ids!r}")
-        if not (self.presence_penalty.__class__ is float and self.presence_penalty == 0.0
-                and self.frequency_penalty.__class__ is float and self.frequency_penalty == 0.0
-                and self.repetition_penalty.__class__ is float and self.repetition_penalty == 1.0
-                and self.min_p.__class__ is float and self.min_p == 0.0):  # the defaults pass as they are
-            self._validate_penalties()
+        self._validate_penalties()
         for token_id, bias in (self.logit_bias or {}).items():
             if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
                 raise SamplingParamsError(

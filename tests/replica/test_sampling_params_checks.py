@@ -1,5 +1,5 @@
-"""``SamplingParams``' checks name the first bad field whatever shape the value has: the defaults pass as they are,
-and every value beside them is looked at (a bool is not a number, NaN is in no range)."""
+"""``SamplingParams``' checks name the first bad field whatever shape the value has (a bool is not a number, NaN is
+in no range)."""
 
 from __future__ import annotations
 
