@@ -51,6 +51,8 @@ def test_the_table_lists_a_failing_cell_with_its_intervals_and_counts_every_verd
     assert lines[4].endswith("(undecided) | 0/1 |")
     assert lines[-1] == ("1 cells pass, 1 fail, 1 undecided (of 3 with their seeds); 69 of the matrix's 72 cells "
                          "have no verdict yet (0 of them running).")
+    assert table(data, 3).splitlines()[-1] == ("1 cells pass, 1 fail, 1 undecided (of 3 with their seeds); every cell "
+                                                "of the matrix has run its seeds.")
     data |= {"min_seeds": 10, "cells": {"chatbot/2x/none": _cell([1.2] * 4)}}
     lines = table(data, 72).splitlines()
     assert lines[2] == "| chatbot/2x/none | 4 (0 min) | pass so far (4 of 10 seeds) | - | 1/1 |"

@@ -118,9 +118,10 @@ def table(data: dict, matrix_size: int) -> str:
         out.append(f"| {key} | {j['seeds']} ({minutes:.0f} min) | {j['verdict']} | {'; '.join(notes) or '-'} "
                    f"| {beaten} |")
     run = sum(counts.values())
+    left = (f"{matrix_size - run} of the matrix's {matrix_size} cells have no verdict yet ({running} of them "
+            "running)." if run < matrix_size else "every cell of the matrix has run its seeds.")
     return "\n".join(out) + (f"\n\n{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided "
-                             f"(of {run} with their seeds); {matrix_size - run} of the matrix's {matrix_size} "
-                             f"cells have no verdict yet ({running} of them running).")
+                             f"(of {run} with their seeds); {left}")
 
 
 
