@@ -10,7 +10,8 @@ from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
 if TYPE_CHECKING:
     from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
-__all__ = ["MAX_LOGPROBS", "SEED_MIX", "SamplingParams", "SamplingParamsError", "context_overflow", "continuation_seed"]
+__all__ = ["MAX_LOGPROBS", "SEED_MIX", "SamplingParams", "SamplingParamsError", "context_overflow",
+           "continuation_seed"]
 
 SEED_MIX = (6364136223846793005, 1442695040888963407, (1 << 63) - 1)
 """(A, B, MASK): a seeded request draws its n-th token from the key ``(seed*A + n*B + 1) & MASK``
@@ -93,6 +94,11 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.validate()
+        # token ids are a set of the vocabulary's: a list repeating them costs each step what its distinct ids cost
+        if self.stop_token_ids and len(self.stop_token_ids) > 1:
+            self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids))
+        if self.allowed_token_ids and len(self.allowed_token_ids) > 1:
+            self.allowed_token_ids = list(dict.fromkeys(self.allowed_token_ids))
 
     def validate(self) -> None:
         """Raise SamplingParamsError naming the first invalid field (the engine re-checks params it is handed:
