@@ -1,13 +1,15 @@
 """Hostile: the lists a request hands the engine, whose cost is paid on the engine thread for every token of every
-choice, while every other tenant's requests wait for the step. Token-id lists (``allowed_token_ids``,
-``stop_token_ids``) are sets of the vocabulary's ids, so a list repeating its ids costs what its distinct ids cost,
-and is answered at once with the same tokens."""
+choice, while every other tenant's requests wait for the step. A stop list is matched against each new token's text
+string by string, so its length is bounded (a 400 naming ``stop`` and the limit, from the router and the replica);
+token-id lists (``allowed_token_ids``, ``stop_token_ids``) are sets of the vocabulary's ids, so a list repeating
+its ids costs what its distinct ids cost, and is answered at once with the same tokens."""
 
 from __future__ import annotations
 
 import time
 
 import httpx
+from kvmesh.replica.serving.sampling_params import MAX_STOP_STRINGS
 
 from . import openai_pair
 from .openai_pair import AUTH
@@ -17,6 +19,23 @@ pair = openai_pair.pair  # the fixture
 
 def post(url: str, path: str, body: dict) -> httpx.Response:
     return httpx.post(url + path, headers=AUTH, timeout=60, json={"max_tokens": 4, **body})
+
+
+def test_a_stop_list_over_the_limit_is_a_400_naming_stop_and_the_limit(pair):
+    stops = [f"zq{i}" for i in range(MAX_STOP_STRINGS + 1)]
+    for url in pair:
+        for path, body in (("/v1/completions", {"prompt": "Once"}), ("/v1/chat/completions",
+                                                                      {"messages": openai_pair.HI})):
+            r = post(url, path, {**body, "stop": stops})
+            assert r.status_code == 400, r.text[:300]
+            error = r.json()["error"]
+            assert error["param"] == "stop" and str(MAX_STOP_STRINGS) in error["message"], error
+
+
+def test_a_stop_list_at_the_limit_is_served(pair):
+    for url in pair:
+        r = post(url, "/v1/completions", {"prompt": "Once", "stop": [f"zq{i}" for i in range(MAX_STOP_STRINGS)]})
+        assert r.status_code == 200, r.text[:300]
 
 
 def test_repeated_token_ids_cost_what_their_distinct_ids_cost(pair):
