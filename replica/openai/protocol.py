@@ -33,7 +33,7 @@ from pydantic import Field
 Flag = Annotated[bool, Field(strict=True)]
 """A JSON boolean: ``"yes"``, ``"true"`` or ``1`` are a 400 naming the field (vLLM's), not a silent True."""
 Count = Annotated[int, Field(strict=True)]
-"""A JSON integer: ``"2"``, ``2.5`` or ``true`` are a 400 naming the field."""
+"""A JSON integer (a count, a token id): ``"2"``, ``2.5`` or ``true`` are a 400 naming the field."""
 
 PRIORITY_LIMIT = 2**31 - 1
 """A request's ``priority`` is in [-PRIORITY_LIMIT, PRIORITY_LIMIT] (a 400 naming the field otherwise); vLLM takes any
@@ -61,7 +61,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     min_tokens: Count = 0
     seed: Count | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Count] | None = None
     ignore_eos: Flag = False
     stream: Flag = False
     stream_options: StreamOptions | None = None
@@ -170,7 +170,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
             raise ProtocolError(f"bad sampling parameters: {echo(str(e))}") from None
 
 
-Prompt = str | list[int] | list[str] | list[list[int]]
+Prompt = str | list[Count] | list[str] | list[list[Count]]
 
 
 class CompletionRequest(SamplingFields, RefusedCompletionFields):
@@ -243,7 +243,7 @@ class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEch
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: Flag = True
     chat_template: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[Count] | None = None
     """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
     after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
     does not tokenize the chat again (router/http/token_forwarding.py); ids that do not match the messages are
