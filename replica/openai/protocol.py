@@ -40,7 +40,7 @@ PRIORITY_LIMIT = 2**31 - 1
 int, this bound keeps a priority a small number everywhere it goes (the router's queue, metrics, the engine)."""
 Priority = Annotated[int, Field(strict=True, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)]
 MAX_CHOICES = 128
-"""Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
+"""Most sequences (prompts x max(n, best_of)) one request may ask for (OpenAI's limit on n)."""
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -217,9 +217,11 @@ class CompletionRequest(SamplingFields, RefusedCompletionFields):
         numbered prompt by prompt: prompt i's j-th choice has index i * n + j, as vLLM does)."""
         p = self.prompt
         batch = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
-        if len(batch) > MAX_CHOICES:
-            raise ProtocolError(f"a batch of {len(batch)} prompts is too large; send at most {MAX_CHOICES}",
-                                param="prompt")
+        each = max(self.n, self.best_of or 1)  # sequences the engine runs per prompt
+        if len(batch) * each > MAX_CHOICES:  # admission counts a request once: it must fit a replica's slots
+            field = "prompt" if each == 1 else "n" if each == self.n else "best_of"
+            raise ProtocolError(f"{len(batch)} prompts x {each} choices are {len(batch) * each} sequences; send at "
+                                f"most {MAX_CHOICES} per request", param=field)
         for one in batch:
             if not one:
                 raise ProtocolError("prompt is empty; send at least one token", param="prompt")
@@ -270,10 +272,7 @@ class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEch
 
     def template_kwargs(self) -> dict:
         """``ChatTemplateArgs``' variables and the template's ``tools``."""
-        kwargs = super().template_kwargs()
-        if self.tools:
-            kwargs["tools"] = self.tools
-        return kwargs
+        return {**super().template_kwargs(), **({"tools": self.tools} if self.tools else {})}
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The output's constraint; with ``tool_choice`` "required" or a named function, the tools' schema, written
