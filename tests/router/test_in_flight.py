@@ -27,7 +27,7 @@ def _tracker() -> LoadTracker:
 
 
 def _decision(loads: LoadTracker, uncached: int = 48) -> SimpleNamespace:
-    return SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=uncached)
+    return SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=uncached, sequences=1)
 
 
 def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
