@@ -30,6 +30,12 @@ def validation_error_message(exc: ValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+def validation_error_param(exc: ValidationError) -> str | None:
+    """The top-level field of the first pydantic error (OpenAI's ``param``), None when it is the body itself."""
+    loc = [p for p in (exc.errors()[:1] or [{}])[0].get("loc", ()) if p != "body"]
+    return echo(loc[0]) if loc and isinstance(loc[0], str) else None
+
+
 _TOKEN_IDS = list[int]
 
 
@@ -78,7 +84,7 @@ def parse_checked(model_cls: type[M], body: JsonValue, in_range: type[list[int]]
             setattr(req, name, value)
         return req, checked
     except ValidationError as e:
-        raise ProtocolError(validation_error_message(e)) from None
+        raise ProtocolError(validation_error_message(e), param=validation_error_param(e)) from None
     except RecursionError:
         raise ProtocolError("request body is nested too deeply") from None
 

@@ -33,14 +33,14 @@ from pydantic import Field
 Flag = Annotated[bool, Field(strict=True)]
 """A JSON boolean: ``"yes"``, ``"true"`` or ``1`` are a 400 naming the field (vLLM's), not a silent True."""
 Count = Annotated[int, Field(strict=True)]
-"""A JSON integer: ``"2"``, ``2.5`` or ``true`` are a 400 naming the field."""
+"""A JSON integer (a count, a token id): ``"2"``, ``2.5`` or ``true`` are a 400 naming the field."""
 
 PRIORITY_LIMIT = 2**31 - 1
 """A request's ``priority`` is in [-PRIORITY_LIMIT, PRIORITY_LIMIT] (a 400 naming the field otherwise); vLLM takes any
 int, this bound keeps a priority a small number everywhere it goes (the router's queue, metrics, the engine)."""
 Priority = Annotated[int, Field(strict=True, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)]
 MAX_CHOICES = 128
-"""Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
+"""Most sequences (prompts x max(n, best_of)) one request may ask for (OpenAI's limit on n)."""
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -61,7 +61,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     min_tokens: Count = 0
     seed: Count | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Count] | None = None
     ignore_eos: Flag = False
     stream: Flag = False
     stream_options: StreamOptions | None = None
@@ -170,7 +170,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
             raise ProtocolError(f"bad sampling parameters: {echo(str(e))}") from None
 
 
-Prompt = str | list[int] | list[str] | list[list[int]]
+Prompt = str | list[Count] | list[str] | list[list[Count]]
 
 
 class CompletionRequest(SamplingFields, RefusedCompletionFields):
@@ -217,9 +217,11 @@ class CompletionRequest(SamplingFields, RefusedCompletionFields):
         numbered prompt by prompt: prompt i's j-th choice has index i * n + j, as vLLM does)."""
         p = self.prompt
         batch = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
-        if len(batch) > MAX_CHOICES:
-            raise ProtocolError(f"a batch of {len(batch)} prompts is too large; send at most {MAX_CHOICES}",
-                                param="prompt")
+        each = max(self.n, self.best_of or 1)  # sequences the engine runs per prompt
+        if len(batch) * each > MAX_CHOICES:  # admission counts a request once: it must fit a replica's slots
+            field = "prompt" if each == 1 else "n" if each == self.n else "best_of"
+            raise ProtocolError(f"{len(batch)} prompts x {each} choices are {len(batch) * each} sequences; send at "
+                                f"most {MAX_CHOICES} per request", param=field)
         for one in batch:
             if not one:
                 raise ProtocolError("prompt is empty; send at least one token", param="prompt")
@@ -243,7 +245,7 @@ class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEch
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: Flag = True
     chat_template: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[Count] | None = None
     """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
     after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
     does not tokenize the chat again (router/http/token_forwarding.py); ids that do not match the messages are
@@ -270,10 +272,7 @@ class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEch
 
     def template_kwargs(self) -> dict:
         """``ChatTemplateArgs``' variables and the template's ``tools``."""
-        kwargs = super().template_kwargs()
-        if self.tools:
-            kwargs["tools"] = self.tools
-        return kwargs
+        return {**super().template_kwargs(), **({"tools": self.tools} if self.tools else {})}
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The output's constraint; with ``tool_choice`` "required" or a named function, the tools' schema, written

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvmesh.replica.openai.chat_message import ChatMessage
-from kvmesh.replica.openai.protocol import Flag
+from kvmesh.replica.openai.protocol import Count, Flag
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.tool_fields import tool_names
 from pydantic import JsonValue
@@ -32,4 +32,4 @@ class DetokenizeRequest(OpenAIBaseModel):
     """``POST /detokenize`` (vLLM's): token ids back to text."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Count]

@@ -153,8 +153,9 @@ def _add_logits_processors(arrays: dict[str, tuple], params: Sequence[SamplingPa
         arrays["bias_at"], arrays["bias"] = (np.array([bias_rows, bias_ids]), i64), (np.array(bias_values), f32)
     allowing = [row for row, sp in enumerate(params) if sp.allowed_token_ids]
     if allowing:
-        at = [(row, t) for row in allowing for t in params[row].allowed_token_ids]
-        arrays["allowing"], arrays["allowed_at"] = (allowing, i64), (np.array(at).T, i64)  # [R], [2, A]
+        ids = [np.asarray(params[row].allowed_token_ids, dtype=i64) for row in allowing]
+        rows = np.repeat(np.asarray(allowing, dtype=i64), [len(a) for a in ids])  # allowed_at: [2, A]
+        arrays["allowing"], arrays["allowed_at"] = (allowing, i64), (np.stack([rows, np.concatenate(ids)]), i64)
 
 
 def _add_random_sampling(arrays: dict[str, tuple], params: Sequence[SamplingParams], num_generated: Sequence[int],

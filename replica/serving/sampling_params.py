@@ -10,7 +10,8 @@ from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
 if TYPE_CHECKING:
     from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
-__all__ = ["MAX_LOGPROBS", "SEED_MIX", "SamplingParams", "SamplingParamsError", "context_overflow", "continuation_seed"]
+__all__ = ["MAX_LOGPROBS", "MAX_STOP_STRINGS", "SEED_MIX", "SamplingParams", "SamplingParamsError", "context_overflow",
+           "continuation_seed"]
 
 SEED_MIX = (6364136223846793005, 1442695040888963407, (1 << 63) - 1)
 """(A, B, MASK): a seeded request draws its n-th token from the key ``(seed*A + n*B + 1) & MASK``
@@ -27,6 +28,9 @@ def continuation_seed(seed: int, num_generated: int) -> int:
 
 MAX_LOGPROBS = 20
 """Most top logprobs per token a request may ask for (vLLM's default ``max_logprobs``; OpenAI allows 20)."""
+MAX_STOP_STRINGS = 128
+"""Most stop strings one request may send: each is looked for in the text after every token of every choice, on the
+engine thread, so their number multiplies what every step costs everyone (OpenAI allows 4; vLLM sets no limit)."""
 
 
 def context_overflow(prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
@@ -93,6 +97,11 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.validate()
+        # token ids are a set of the vocabulary's: a list repeating them costs each step what its distinct ids cost
+        if self.stop_token_ids and len(self.stop_token_ids) > 1:
+            self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids))
+        if self.allowed_token_ids and len(self.allowed_token_ids) > 1:
+            self.allowed_token_ids = list(dict.fromkeys(self.allowed_token_ids))
 
     def validate(self) -> None:
         """Raise SamplingParamsError naming the first invalid field (the engine re-checks params it is handed:
@@ -111,6 +120,8 @@ class SamplingParams:
                 "min_tokens", f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         if not all(self.stop):  # any(not s for s in stop), without a generator
             raise SamplingParamsError("stop", "stop strings must be non-empty")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingParamsError("stop", f"stop has {len(self.stop)} strings; the limit is {MAX_STOP_STRINGS}")
         ids = self.stop_token_ids
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise SamplingParamsError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {ids!r}")

@@ -40,7 +40,8 @@ class InFlight:
 
     def __enter__(self) -> InFlight:
         d = self.decision
-        self.booking = self.loads.on_dispatch(d.replica, d.uncached_tokens, prompt_tokens=self.prompt_tokens)
+        self.booking = self.loads.on_dispatch(d.replica, d.uncached_tokens, prompt_tokens=self.prompt_tokens,
+                                              sequences=d.sequences)
         return self
 
     def headers(self) -> dict[str, str]:
@@ -59,7 +60,7 @@ class InFlight:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is not None or not self.had_output:  # else its answer finishes it
             d = self.decision
-            self.loads.on_finish(d.replica, d.uncached_tokens, had_output=self.had_output)
+            self.loads.on_finish(d.replica, d.uncached_tokens, had_output=self.had_output, sequences=d.sequences)
             if not self.had_output:
                 self.router.forget_pull(d)
 

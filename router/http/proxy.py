@@ -233,7 +233,7 @@ class Forwarder:
             raise BrokenAnswer(e) from None
         finally:
             let_go(upstream, complete)
-            router.loads.on_finish(replica, decision.uncached_tokens, had_output=True)
+            router.loads.on_finish(replica, decision.uncached_tokens, had_output=True, sequences=decision.sequences)
         content = opened.first + b"".join(rest)
         if status == 200:
             try:

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING
 import msgspec
 from kvmesh.replica.openai.body import encode_off_loop
 from kvmesh.replica.openai.compile_tenant import tenant_header
+from kvmesh.replica.openai.protocol import CompletionRequest
 from kvmesh.router.http.token_forwarding import KVMESH, TEXT, VLLM, VLLM_TOKENIZING_KEYS, UpstreamKind
 
 if TYPE_CHECKING:
     from kvmesh.replica.openai.body import Offload
-    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest
     from kvmesh.replica.serving.json_types import JSONObject
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.router.admission.tenants import Tenant
@@ -111,9 +112,22 @@ class ProxyRequest:
         head of its queue (router/http/admission_gate.py: ``commit=False`` until it goes, ``KVRouter.route``)."""
         pool = self.model_pool
         if pool is None:
-            return router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id, commit=commit)
-        return router.route(self.route_ids, self.salt, pool.lora_name, exclude=tried, session_id=self.session_id,
-                            pool=pool.replicas, commit=commit, lora_identity=pool.lora_identity)
+            decision = router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id,
+                                    commit=commit)
+        else:
+            decision = router.route(self.route_ids, self.salt, pool.lora_name, exclude=tried,
+                                    session_id=self.session_id, pool=pool.replicas, commit=commit,
+                                    lora_identity=pool.lora_identity)
+        decision.sequences = self.sequences()
+        return decision
+
+    def sequences(self) -> int:
+        """Sequences it runs on a replica: a chat's ``n``, a completion's prompts x the larger of ``n`` and
+        ``best_of`` (1 for a continuation, one choice's stream)."""
+        req = self.req
+        if isinstance(req, CompletionRequest):
+            return len(req.prompts()) * max(req.n, req.best_of or 1)
+        return 1 if req is None else req.n
 
     def headers(self) -> dict[str, str]:
         """Its own headers to a replica: the tenant its grammar compiles are charged to, its key's (never a ``user``

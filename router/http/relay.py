@@ -73,7 +73,8 @@ class StreamRelay:
                     stream.broken, error = f"failed mid-stream: {e}", e
                 finally:
                     let_go(upstream, stream.done)
-                    self.plane.router.loads.on_finish(replica, decision.uncached_tokens, had_output=True)
+                    self.plane.router.loads.on_finish(replica, decision.uncached_tokens, had_output=True,
+                                                      sequences=decision.sequences)
                 if not stream.done and stream.finish_reason is not None:  # only [DONE] was missing
                     for out in stream.finish(stream.finish_reason, text_sent=True):
                         yield out
@@ -153,7 +154,8 @@ class StreamRelay:
             return None
         if opened.upstream.status != 200:
             opened.upstream.close()
-            svc.router.loads.on_finish(opened.replica, opened.decision.uncached_tokens, had_output=True)
+            svc.router.loads.on_finish(opened.replica, opened.decision.uncached_tokens, had_output=True,
+                                       sequences=opened.decision.sequences)
             return None
         svc.metrics.child(svc.metrics.migrations, str(rid)).inc()
         return opened

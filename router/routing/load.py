@@ -151,15 +151,16 @@ class LoadTracker:
             self.shared.write(self.row, slot, 0, 0)  # its requests no longer count here
 
     def on_dispatch(self, replica: Replica, uncached_tokens: int, now: float | None = None,
-                    prompt_tokens: int = 0) -> int | None:
+                    prompt_tokens: int = 0, sequences: int = 1) -> int | None:
         """A request of ``prompt_tokens`` was sent to ``replica``; it will prefill ``uncached_tokens`` tokens there
-        (``now``: the clock the churn decays by, ``time.monotonic()`` when None). Returns its booking number when the
-        replica publishes its load (the request carries it: ``bookings.booking_header``), else None. A replica
-        removed meanwhile counts nothing."""
+        and run ``sequences`` sequences, each one of its slots (``in_flight`` counts them, as the replica counts its
+        running requests; ``now``: the clock the churn decays by, ``time.monotonic()`` when None). Returns its
+        booking number when the replica publishes its load (the request carries it: ``bookings.booking_header``),
+        else None. A replica removed meanwhile counts nothing."""
         number = None
         if not replica.removed:
             load = replica.load
-            load.in_flight += 1
+            load.in_flight += sequences
             load.pending_prefill_tokens += uncached_tokens
             if self.shared is not None:
                 self._publish(load)
@@ -209,11 +210,11 @@ class LoadTracker:
             if self.shared is not None:
                 self._publish(load)
 
-    def on_finish(self, replica: Replica, uncached_tokens: int, had_output: bool) -> None:
-        """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
+    def on_finish(self, replica: Replica, uncached_tokens: int, had_output: bool, sequences: int = 1) -> None:
+        """The request of ``sequences`` finished (or failed); ``had_output`` says whether on_first_output ran."""
         if not replica.removed:
             load = replica.load
-            load.in_flight = max(0, load.in_flight - 1)
+            load.in_flight = max(0, load.in_flight - sequences)
             if not had_output:
                 load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
             if self.shared is not None:

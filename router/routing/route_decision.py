@@ -47,6 +47,9 @@ class RouteDecision:
     learns from it."""
     held_blocks: int = 0
     """Leading prompt blocks the chosen replica's GPU pool held when it was decided (its matches trusted or not)."""
+    sequences: int = 1
+    """Sequences the request runs there (its prompts x the larger of ``n`` and ``best_of``): what it takes of the
+    replica's slots, counted in its ``in_flight`` as the replica counts its running requests (ProxyRequest.route)."""
     index_version: int = -1
     """The index's version then (router/routing/predictions.py; -1: unknown): while it is current and no prediction
     is due, ``KVRouter.commit`` credits the replica from ``held_blocks`` without matching again."""

@@ -28,7 +28,7 @@ def _tracker() -> LoadTracker:
 
 def _flight(loads: LoadTracker) -> InFlight:
     """An attempt on replica a of the router owning ``loads``."""
-    decision = SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=48, pull=None)
+    decision = SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=48, pull=None, sequences=1)
     return InFlight(SimpleNamespace(loads=loads, forget_pull=lambda d: None), decision, len(PROMPT))
 
 
