@@ -1,0 +1,181 @@
+"""The token lists of the batch's rows, as the sampler applies them: ``logit_bias``, ``allowed_token_ids`` and the
+stop / EOS ids banned until ``min_tokens`` (vLLM v1's logit-bias and min-tokens logits processors, and its
+allowed-token mask).
+
+A row's lists become arrays once, when its request joins the batch (``set_row``); the n children of a request
+share its lists, and the arrays of the lists read last are remembered, so they are made once for all of them. A
+step's tensors are built from the rows' arrays only when what they hold changes -- the rows that carry a kind of
+list, their positions in the step, or which rows are still short of ``min_tokens`` -- and a step like the last
+reuses its tensors (vLLM's processors update their state from a BatchUpdate: rows added, removed, moved):
+
+    row r:       bias_ids [B_r] int64, biases [B_r] float32, allowed_ids [A_r] int64, stop_ids [S_r] int64
+    a step:      rows[i] = the persistent row of its i-th sampling row; p_0 < p_1 < ... the positions i of the
+                 rows that carry a kind of list
+    bias_at    = [[p_0] * B_0 ++ [p_1] * B_1 ++ ..., bias_ids_0 ++ bias_ids_1 ++ ...]   [2, B]  (biases alike)
+    allowed_at = the same of the allowed ids [2, A];  allowing = [p_0, p_1, ...] [R]
+    banned     = the same of stop ids ++ EOS ids (unless ignore_eos), rows with num_generated < min_tokens [2, S]
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.utils.cpu_gpu_buffer import to_device
+
+I64, F32 = np.int64, np.float32
+_EMPTY = np.zeros(0, I64)
+
+StepTokenLists = tuple[tuple | None, tuple | None, tuple | None]
+"""A step's (banned, logit_bias, allowed) tensors, as ``SamplingMetadata`` holds them (None: no row has that kind)."""
+
+
+@dataclass(slots=True, frozen=True)
+class RowTokenLists:
+    """One row's token lists as arrays (empty: the row has none of that kind)."""
+
+    bias_ids: np.ndarray
+    """[B] int64 the token ids of its logit_bias."""
+    biases: np.ndarray
+    """[B] float32 their biases."""
+    allowed_ids: np.ndarray
+    """[A] int64 its allowed_token_ids."""
+    stop_ids: np.ndarray
+    """[S] int64 its stop_token_ids, banned (with EOS unless it ignores EOS) until it has min_tokens."""
+    min_tokens: int
+    """Tokens it generates before its stop ids and EOS may be sampled (0: none banned)."""
+    ignore_eos: bool
+    """EOS is not among the banned ids."""
+
+
+class RecentArrays:
+    """The arrays of the last few lists read, by identity (each list is held while remembered, so that its id
+    names it): the n children of a request share their lists, and their arrays are made once."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.entries: OrderedDict[int, tuple[object, int, tuple[np.ndarray, ...]]] = OrderedDict()
+
+    def get(self, values, make: Callable) -> tuple[np.ndarray, ...]:
+        hit = self.entries.get(id(values))
+        if hit is not None and hit[0] is values and hit[1] == len(values):
+            self.entries.move_to_end(id(values))
+            return hit[2]
+        arrays = make(values)
+        self.entries[id(values)] = (values, len(values), arrays)
+        if len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return arrays
+
+
+def _bias_arrays(bias: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    return np.fromiter(bias.keys(), I64, len(bias)), np.fromiter(bias.values(), F32, len(bias))
+
+
+def _id_array(ids: list[int]) -> tuple[np.ndarray]:
+    return (np.fromiter(ids, I64, len(ids)),)
+
+
+class BatchTokenLists:
+    """Every persistent row's token lists, and the tensors of the last step that had each kind of list."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.recent = RecentArrays()
+        self.lists: list[RowTokenLists | None] = []
+        self.params: list[SamplingParams | None] = []  # what each row's lists were read from
+        self.version = np.zeros(0, I64)  # [rows] which lists a row holds: a new number each time they change
+        self.has_bias = np.zeros(0, bool)
+        self.has_allowed = np.zeros(0, bool)
+        self.min_tokens = np.zeros(0, I64)
+        self.last_version = 0
+        self.built: dict[str, tuple[tuple, tuple | None]] = {}  # kind -> (what it was built from, its tensors)
+
+    @classmethod
+    def of(cls, params: Sequence[SamplingParams], device: torch.device) -> BatchTokenLists:
+        """Row i holds ``params[i]``'s lists (a batch of its own: tests, benchmarks)."""
+        lists = cls(device)
+        lists.fit(len(params))
+        for row, sp in enumerate(params):
+            lists.set_row(row, sp)
+        return lists
+
+    def fit(self, num_rows: int) -> None:
+        """Hold ``num_rows`` rows (they only grow)."""
+        old = len(self.lists)
+        if num_rows > old:
+            for name in ("version", "has_bias", "has_allowed", "min_tokens"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros(num_rows - old, a.dtype)]))
+            self.lists += [None] * (num_rows - old)
+            self.params += [None] * (num_rows - old)
+
+    def set_row(self, row: int, sp: SamplingParams) -> None:
+        """The row's request is ``sp``'s (a new one, or the same sent again: then nothing changes)."""
+        if self.params[row] is sp:
+            return
+        bias = self.recent.get(sp.logit_bias, _bias_arrays) if sp.logit_bias else (_EMPTY, _EMPTY)
+        allowed = self.recent.get(sp.allowed_token_ids, _id_array)[0] if sp.allowed_token_ids else _EMPTY
+        stops = self.recent.get(sp.stop_token_ids, _id_array)[0] if sp.min_tokens and sp.stop_token_ids else _EMPTY
+        self._set(row, sp, RowTokenLists(bias[0], bias[1], allowed, stops, sp.min_tokens, sp.ignore_eos))
+
+    def clear_row(self, row: int) -> None:
+        """The row's request left the batch."""
+        self._set(row, None, None)
+
+    def _set(self, row: int, sp: SamplingParams | None, lists: RowTokenLists | None) -> None:
+        self.params[row], self.lists[row] = sp, lists
+        self.last_version += 1
+        self.version[row] = self.last_version
+        self.has_bias[row] = lists is not None and len(lists.bias_ids) > 0
+        self.has_allowed[row] = lists is not None and len(lists.allowed_ids) > 0
+        self.min_tokens[row] = 0 if lists is None else lists.min_tokens
+
+    def step(self, rows: np.ndarray, num_generated: np.ndarray, eos_token_ids: Sequence[int]) -> StepTokenLists:
+        """The tensors of the step whose i-th sampling row is ``rows[i]``, which has generated ``num_generated[i]``
+        tokens: the last step's where nothing they hold changed."""
+        eos = np.asarray(eos_token_ids, I64).reshape(-1)
+        banned = self._cached("banned", rows, np.flatnonzero(self.min_tokens[rows] > num_generated),
+                              lambda at, lists: self._banned(at, lists, eos), eos.tobytes())
+        bias = self._cached("bias", rows, np.flatnonzero(self.has_bias[rows]), self._bias)
+        allowed = self._cached("allowed", rows, np.flatnonzero(self.has_allowed[rows]), self._allowed)
+        return banned, bias, allowed
+
+    def _cached(self, kind: str, rows: np.ndarray, positions: np.ndarray, build: Callable, extra: bytes = b""
+                ) -> tuple | None:
+        """``kind``'s tensors for the rows at ``positions`` of the step: the last built when the same rows (same
+        lists) sit at the same positions, else built now (None: no row has that kind)."""
+        if not len(positions):
+            self.built.pop(kind, None)  # nothing holds the last tensors any longer
+            return None
+        key = (positions.tobytes(), self.version[rows[positions]].tobytes(), extra)
+        hit = self.built.get(kind)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        tensors = build(positions, [self.lists[r] for r in rows[positions].tolist()])
+        self.built[kind] = (key, tensors)
+        return tensors
+
+    def _upload(self, positions: np.ndarray, ids: list[np.ndarray]) -> torch.Tensor:
+        """[2, sum(len(ids))]: each position repeated as often as its ids, over the ids."""
+        at = np.stack([np.repeat(positions.astype(I64), [len(a) for a in ids]), np.concatenate(ids)])
+        return to_device(at, torch.int64, self.device)
+
+    def _bias(self, positions: np.ndarray, lists: list[RowTokenLists]) -> tuple:
+        at = self._upload(positions, [r.bias_ids for r in lists])
+        return at[0], at[1], to_device(np.concatenate([r.biases for r in lists]), torch.float32, self.device)
+
+    def _allowed(self, positions: np.ndarray, lists: list[RowTokenLists]) -> tuple:
+        at = self._upload(positions, [r.allowed_ids for r in lists])
+        return to_device(positions.astype(I64), torch.int64, self.device), at[0], at[1]
+
+    def _banned(self, positions: np.ndarray, lists: list[RowTokenLists], eos: np.ndarray) -> tuple | None:
+        ids = [r.stop_ids if r.ignore_eos else np.concatenate([r.stop_ids, eos]) for r in lists]
+        if not sum(map(len, ids)):
+            return None
+        at = self._upload(positions, ids)
+        return at[0], at[1]
