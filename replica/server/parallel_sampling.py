@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgspec
 from kvmesh.replica.engine.engine_request import EngineRequest
@@ -56,8 +56,7 @@ def plan_candidates(first: EngineRequest, prompts: list[list[int]], params: list
         for j in range(per_prompt):
             sp = base
             if j > 0 or (per_prompt > num_choices and not user_wants_logprobs):
-                sp = replace(
-                    base,
+                sp = base.child(  # shares base's token lists, checked once
                     seed=None if base.seed is None else base.seed + j,
                     prompt_logprobs=base.prompt_logprobs if j == 0 or stream else None,
                     # ranking best_of candidates needs their tokens' logprobs
