@@ -94,8 +94,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     """What the output must match (a JSON schema, a regex, a choice, a grammar; structured_outputs.py); None: free."""
     _checked_lists: tuple = field(default=(), init=False, repr=False, compare=False)
-    """(the token lists ``validate`` last checked, their sizes, their largest token id): a copy that keeps them (an n
-    child: ``child``) is not walked again; lists replaced or resized are."""
+    """(the token lists ``validate`` last checked, their sizes, their largest token id, their stop sets by EOS ids): a
+    copy that keeps them (an n child: ``child``) is not walked again; lists replaced or resized are."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -123,6 +123,17 @@ class SamplingParams:
         (-1: none)."""
         return self._checked_lists[2] if self._lists_unchanged() else self._remember_lists()
 
+    def stop_set(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
+        """``eos_token_ids`` and the stop token ids as one set: any of them ends the request (made once for the copies
+        that share the lists)."""
+        if not self._lists_unchanged():
+            self._remember_lists()
+        sets = self._checked_lists[3]
+        found = sets.get(eos_token_ids)
+        if found is None:
+            found = sets[eos_token_ids] = eos_token_ids | frozenset(self.stop_token_ids)
+        return found
+
     def _token_lists(self) -> tuple:
         return self.logit_bias, self.allowed_token_ids, self.stop_token_ids
 
@@ -134,7 +145,7 @@ class SamplingParams:
     def _remember_lists(self) -> int:
         lists = self._token_lists()
         largest = max((max(ids, default=-1) for ids in lists if ids), default=-1)
-        self._checked_lists = (lists, tuple(-1 if ids is None else len(ids) for ids in lists), largest)
+        self._checked_lists = (lists, tuple(-1 if ids is None else len(ids) for ids in lists), largest, {})
         return largest
 
     def validate(self) -> None:

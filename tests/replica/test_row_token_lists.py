@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from kvmesh.replica.engine.engine_request import EngineRequest
+from kvmesh.replica.engine.request import Request
 from kvmesh.replica.engine.request_checks import validate_request_input
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.server.parallel_sampling import plan_candidates
@@ -130,3 +131,20 @@ def test_a_child_with_replaced_lists_is_checked_again():
         assert "logit_bias keys must be non-negative" in str(e)
     else:
         raise AssertionError("a negative token id passed")
+
+
+def test_the_tensors_of_the_lists_are_made_on_the_batchs_device():
+    meta = torch.device("meta")
+    batch = InputBatch(1, 1, 16, meta)
+    sp = SamplingParams(logit_bias={3: 1.0}, allowed_token_ids=[3, 4], min_tokens=2, stop_token_ids=[5])
+    rows = batch.prepare(SchedulerOutput([ScheduledRequest("r0", [1], 3, [1], True, sp)], 1)).sample_rows
+    md = batch.sampling_metadata(rows, 50, [2])
+    assert {t.device for t in (*md.logit_bias, *md.allowed, *md.banned)} == {meta}
+
+
+def test_n_children_share_one_set_of_stop_ids():
+    base = SamplingParams(stop_token_ids=list(range(VOCAB)), min_tokens=1)
+    candidates = plan_candidates(EngineRequest("req", [1, 2, 3], base), [[1, 2, 3]], [base], 4, None, False)
+    stops = [Request(c.request, frozenset({2})).stop_token_ids for c in candidates]
+    assert all(s is stops[0] for s in stops) and stops[0] == frozenset(range(VOCAB))
+    assert Request(candidates[0].request).stop_token_ids == frozenset(range(VOCAB))  # without EOS ids
