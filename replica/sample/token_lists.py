@@ -3,17 +3,18 @@ stop / EOS ids banned until ``min_tokens`` (vLLM v1's logit-bias and min-tokens 
 allowed-token mask).
 
 A row's lists become arrays once, when its request joins the batch (``set_row``); the n children of a request
-share its lists, and the arrays of the lists read last are remembered, so they are made once for all of them. A
-step's tensors are built from the rows' arrays only when what they hold changes -- the rows that carry a kind of
-list, their positions in the step, or which rows are still short of ``min_tokens`` -- and a step like the last
-reuses its tensors (vLLM's processors update their state from a BatchUpdate: rows added, removed, moved):
+share its lists, and the arrays of the lists read last are remembered, so they are made once for all of them.
+Each kind's device tensors change only with what they hold (vLLM's processors update their state from a
+BatchUpdate: rows added, removed, moved): the token ids of the rows that carry the kind, in row order, are
+uploaded when those rows change (a join, a leave, a row reaching ``min_tokens``); when the rows only move in the
+step's order, their step positions are repeated on the device; a step like the last reuses its tensors.
 
-    row r:       bias_ids [B_r] int64, biases [B_r] float32, allowed_ids [A_r] int64, stop_ids [S_r] int64
-    a step:      rows[i] = the persistent row of its i-th sampling row; p_0 < p_1 < ... the positions i of the
-                 rows that carry a kind of list
-    bias_at    = [[p_0] * B_0 ++ [p_1] * B_1 ++ ..., bias_ids_0 ++ bias_ids_1 ++ ...]   [2, B]  (biases alike)
-    allowed_at = the same of the allowed ids [2, A];  allowing = [p_0, p_1, ...] [R]
-    banned     = the same of stop ids ++ EOS ids (unless ignore_eos), rows with num_generated < min_tokens [2, S]
+    row r:      bias_ids [B_r] int64, biases [B_r] float32, allowed_ids [A_r] int64, stop_ids [S_r] int64
+    members:    r_0 < r_1 < ... the rows of the step that carry a kind; p_j: the step position of r_j
+    ids       = ids_0 ++ ids_1 ++ ...                      [T]   uploaded when the members or their lists change
+    step rows = repeat_interleave([p_0, p_1, ...], sizes)  [T]   on the device, when a member moves
+    banned: stop ids ++ EOS ids (unless ignore_eos) of the rows with num_generated < min_tokens
+    allowed: also [p_0, p_1, ...], the rows whose other tokens are -inf
 """
 
 from __future__ import annotations
@@ -140,42 +141,69 @@ class BatchTokenLists:
         tokens: the last step's where nothing they hold changed."""
         eos = np.asarray(eos_token_ids, I64).reshape(-1)
         banned = self._cached("banned", rows, np.flatnonzero(self.min_tokens[rows] > num_generated),
-                              lambda at, lists: self._banned(at, lists, eos), eos.tobytes())
-        bias = self._cached("bias", rows, np.flatnonzero(self.has_bias[rows]), self._bias)
-        allowed = self._cached("allowed", rows, np.flatnonzero(self.has_allowed[rows]), self._allowed)
+                              lambda lists: [r.stop_ids if r.ignore_eos else np.concatenate([r.stop_ids, eos])
+                                             for r in lists], eos.tobytes())
+        bias = self._cached("bias", rows, np.flatnonzero(self.has_bias[rows]), lambda lists: [r.bias_ids for r in lists],
+                            values=lambda lists: [r.biases for r in lists])
+        allowed = self._cached("allowed", rows, np.flatnonzero(self.has_allowed[rows]),
+                               lambda lists: [r.allowed_ids for r in lists])
+        if allowed is not None:
+            allowed = self._allowing(allowed)
         return banned, bias, allowed
 
-    def _cached(self, kind: str, rows: np.ndarray, positions: np.ndarray, build: Callable, extra: bytes = b""
-                ) -> tuple | None:
-        """``kind``'s tensors for the rows at ``positions`` of the step: the last built when the same rows (same
-        lists) sit at the same positions, else built now (None: no row has that kind)."""
+    def _cached(self, kind: str, rows: np.ndarray, positions: np.ndarray, ids_of: Callable, extra: bytes = b"",
+                values: Callable | None = None) -> tuple | None:
+        """``kind``'s (step rows, token ids[, values]) for the rows at ``positions`` of the step. The ids are kept
+        while the same rows hold the same lists (joins and leaves rebuild them), the step rows while they also sit at
+        the same positions (a move repeats each row's position on the device: no walk of the lists on the host)."""
         if not len(positions):
             self.built.pop(kind, None)  # nothing holds the last tensors any longer
             return None
-        key = (positions.tobytes(), self.version[rows[positions]].tobytes(), extra)
-        hit = self.built.get(kind)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        tensors = build(positions, [self.lists[r] for r in rows[positions].tolist()])
-        self.built[kind] = (key, tensors)
-        return tensors
+        members = rows[positions]
+        order = np.argsort(members, kind="stable")  # members by row number: the ids' order whatever the step's
+        members, at = members[order], positions[order].astype(I64)
+        key = (members.tobytes(), self.version[members].tobytes(), extra)
+        built = self.built.get(kind)
+        if built is None or built.key != key:
+            built = self.built[kind] = self._build(key, [self.lists[r] for r in members.tolist()], ids_of, values)
+        if built.total and built.at != at.tobytes():
+            row_index = torch.repeat_interleave(to_device(at, torch.int64, self.device), built.sizes,
+                                                output_size=built.total)  # [T] each member's position, size times
+            built.at, built.step = at.tobytes(), (row_index, *built.ids)
+        return built.step
 
-    def _upload(self, positions: np.ndarray, ids: list[np.ndarray]) -> torch.Tensor:
-        """[2, sum(len(ids))]: each position repeated as often as its ids, over the ids."""
-        at = np.stack([np.repeat(positions.astype(I64), [len(a) for a in ids]), np.concatenate(ids)])
-        return to_device(at, torch.int64, self.device)
+    def _build(self, key: tuple, lists: list[RowTokenLists], ids_of: Callable, values: Callable | None) -> Built:
+        ids = ids_of(lists)
+        sizes = np.fromiter(map(len, ids), I64, len(ids))
+        tensors = [to_device(np.concatenate(ids), torch.int64, self.device)]
+        if values is not None:
+            tensors.append(to_device(np.concatenate(values(lists)), torch.float32, self.device))
+        return Built(key, to_device(sizes, torch.int64, self.device), int(sizes.sum()), tuple(tensors))
 
-    def _bias(self, positions: np.ndarray, lists: list[RowTokenLists]) -> tuple:
-        at = self._upload(positions, [r.bias_ids for r in lists])
-        return at[0], at[1], to_device(np.concatenate([r.biases for r in lists]), torch.float32, self.device)
+    def _allowing(self, step: tuple) -> tuple:
+        """(the rows that allow only some tokens [R], then their (rows, token ids)), as the sampler reads them."""
+        built = self.built["allowed"]
+        if built.allowing is None or built.allowing[0] != built.at:
+            positions = np.frombuffer(built.at, I64).copy()
+            built.allowing = (built.at, (to_device(positions, torch.int64, self.device), *step))
+        return built.allowing[1]
 
-    def _allowed(self, positions: np.ndarray, lists: list[RowTokenLists]) -> tuple:
-        at = self._upload(positions, [r.allowed_ids for r in lists])
-        return to_device(positions.astype(I64), torch.int64, self.device), at[0], at[1]
 
-    def _banned(self, positions: np.ndarray, lists: list[RowTokenLists], eos: np.ndarray) -> tuple | None:
-        ids = [r.stop_ids if r.ignore_eos else np.concatenate([r.stop_ids, eos]) for r in lists]
-        if not sum(map(len, ids)):
-            return None
-        at = self._upload(positions, ids)
-        return at[0], at[1]
+@dataclass(slots=True)
+class Built:
+    """One kind's tensors: the rows' token ids (and values), and the step's rows of them."""
+
+    key: tuple
+    """(the member rows ascending, their lists' versions, anything else they were made from)."""
+    sizes: torch.Tensor
+    """[R] int64 token ids of each member row, on the device."""
+    total: int
+    """Their sum (0: none of the rows has an id)."""
+    ids: tuple
+    """(token ids [T] int64[, values [T] float32]) of the member rows in ascending row order, on the device."""
+    at: bytes | None = None
+    """The step positions of the member rows that ``step`` was made for."""
+    step: tuple | None = None
+    """(step rows [T], token ids [T][, values [T]]): what the sampler reads (None: no ids at all)."""
+    allowing: tuple | None = None
+    """(``at``, the allowed tuple the sampler reads) of the allowed kind."""

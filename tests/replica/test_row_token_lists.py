@@ -61,11 +61,14 @@ def test_lists_follow_their_rows_when_the_step_reorders_them():
     params = [SamplingParams(temperature=0.0, logit_bias={10 + i: 100.0}) for i in range(3)]
     batch, rows = admitted(params, context=[3, 3, 3])
     logits = torch.zeros(3, vocab)
-    assert Sampler()(logits, batch.sampling_metadata(rows, vocab, [])).tolist() == [10, 11, 12]
+    before = batch.sampling_metadata(rows, vocab, [])
+    assert Sampler()(logits, before).tolist() == [10, 11, 12]
     batch.num_computed[rows[2]] = 40  # the longest context decodes first: the step's order is now 2, 0, 1
     moved = batch.prepare(SchedulerOutput([], 3, decode_request_ids=["r0", "r1", "r2"])).sample_rows
     assert moved.tolist() == [rows[2], rows[0], rows[1]]
-    assert Sampler()(logits, batch.sampling_metadata(moved, vocab, [])).tolist() == [12, 10, 11]
+    after = batch.sampling_metadata(moved, vocab, [])
+    assert Sampler()(logits, after).tolist() == [12, 10, 11]
+    assert after.logit_bias[1] is before.logit_bias[1] and after.logit_bias[2] is before.logit_bias[2]  # ids kept
 
 
 def test_a_refilled_row_takes_the_lists_of_its_new_request():
