@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
@@ -116,6 +116,12 @@ class SamplingParams:
             setattr(sp, name, value)
         sp.validate()
         return sp
+
+    def as_dict(self) -> dict:
+        """The fields as a request sends them (vLLM's names), without what ``validate`` remembers."""
+        bare = copy.copy(self)
+        bare._checked_lists = ()
+        return {name: value for name, value in asdict(bare).items() if name != "_checked_lists"}
 
     @property
     def largest_token_id(self) -> int:

@@ -4,6 +4,8 @@ children of a request share one checked copy of its lists."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from kvmesh.replica.engine.engine_request import EngineRequest
@@ -151,3 +153,9 @@ def test_n_children_share_one_set_of_stop_ids():
     stops = [Request(c.request, frozenset({2})).stop_token_ids for c in candidates]
     assert all(s is stops[0] for s in stops) and stops[0] == frozenset(range(VOCAB))
     assert Request(candidates[0].request).stop_token_ids == frozenset(range(VOCAB))  # without EOS ids
+
+
+def test_the_fields_a_request_sent_are_all_its_dict_holds():
+    sp = SamplingParams(logit_bias={3: 1.0}, stop_token_ids=[4])
+    sp.child(seed=1).stop_set(frozenset({2}))
+    assert sp.as_dict() == {f.name: getattr(sp, f.name) for f in dataclasses.fields(sp) if f.init}
