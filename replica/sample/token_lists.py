@@ -107,13 +107,13 @@ class BatchTokenLists:
 
     def fit(self, num_rows: int) -> None:
         """Hold ``num_rows`` rows (they only grow)."""
-        old = len(self.lists)
-        if num_rows > old:
-            for name in ("version", "has_bias", "has_allowed", "min_tokens"):
-                a = getattr(self, name)
-                setattr(self, name, np.concatenate([a, np.zeros(num_rows - old, a.dtype)]))
-            self.lists += [None] * (num_rows - old)
-            self.params += [None] * (num_rows - old)
+        grow = num_rows - len(self.lists)
+        if grow > 0:
+            self.version, self.has_bias, self.has_allowed, self.min_tokens = (
+                np.concatenate([a, np.zeros(grow, a.dtype)])
+                for a in (self.version, self.has_bias, self.has_allowed, self.min_tokens))
+            self.lists += [None] * grow
+            self.params += [None] * grow
 
     def set_row(self, row: int, sp: SamplingParams) -> None:
         """The row's request is ``sp``'s (a new one, or the same sent again: then nothing changes)."""
