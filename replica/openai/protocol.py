@@ -110,11 +110,10 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         if not self.logit_bias:
             return None
         bias = {}
-        for key, value in self.logit_bias.items():
-            try:
-                bias[int(key)] = value
-            except ValueError:
-                raise ProtocolError(f"logit_bias keys must be token ids, got {echo(repr(key))}", param="logit_bias") from None
+        for key, value in self.logit_bias.items():  # digits only: int() also reads "5_0", " 5" and non-ASCII digits
+            if not (key.isascii() and key.removeprefix("-").isdigit()):
+                raise ProtocolError(f"logit_bias keys must be token ids, got {echo(repr(key))}", param="logit_bias")
+            bias[int(key)] = value
         return bias
 
     def _constraint(self) -> StructuredOutputsParams | None:
@@ -135,11 +134,10 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         self.check_supported()
         if prompt_len < 1:
             raise ProtocolError("prompt is empty; send at least one token", param="prompt")
-        room = max_model_len - prompt_len
+        room, max_tokens = max_model_len - prompt_len, self._max_tokens()
         if room < 1:
-            raise ProtocolError(f"{context_overflow(prompt_len, 0, max_model_len)} The prompt alone fills the "
-                                "context, leaving no room to generate: shorten it.", param="prompt")
-        max_tokens = self._max_tokens()
+            raise ProtocolError(f"{context_overflow(prompt_len, max_tokens or 0, max_model_len)} The prompt alone "
+                                "fills the context, leaving no room to generate: shorten it.", param="prompt")
         if max_tokens is None:
             max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
         if (overflow := context_overflow(prompt_len, max_tokens, max_model_len)) is not None:

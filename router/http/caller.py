@@ -55,10 +55,9 @@ def int_header(http: HttpRequest, name: bytes, what: str, positive: bool = False
     value = http.header(name)
     if value is None:
         return None
-    try:
-        number = int(value.strip()) if len(value) <= 40 else None
-    except ValueError:
-        number = None
+    text = value.strip()
+    digits = text[1:] if text[:1] in ("+", "-") else text  # ASCII digits after a sign: int() also reads "1_000"
+    number = int(text) if len(digits) <= 40 and digits.isascii() and digits.isdigit() else None
     if number is None or (positive and number <= 0) or (bound is not None and abs(number) > bound):
         raise ProtocolError(f"header {name.decode()} must be {what}, got {value[:40]!r}", 400)
     return number

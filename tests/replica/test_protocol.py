@@ -241,3 +241,26 @@ def test_a_huge_list_of_wrong_items_stops_at_the_first(field, items):
     assert e.value.error_count() <= 2  # the first wrong item (and, for a union, its other member's error)
     with pytest.raises(ProtocolError, match=field):
         parse_request(CompletionRequest, {"prompt": "x", field: items})
+
+
+@pytest.mark.parametrize("request_of, kw, asked", [(completion, {"max_tokens": 40}, 40), (completion, {}, 16),
+                                                  (chat, {}, 0), (chat, {"max_completion_tokens": 7}, 7)])
+def test_a_prompt_that_fills_the_context_is_told_the_max_tokens_it_asked_for(request_of, kw, asked):
+    """A completion's max_tokens is 16 unless sent (OpenAI's default); a chat's fills the context, here none."""
+    with pytest.raises(ProtocolError) as e:
+        request_of(**kw).to_sampling_params(prompt_len=512, max_model_len=512)
+    assert f"you requested {asked} output tokens" in e.value.message
+    assert e.value.message.endswith("The prompt alone fills the context, leaving no room to generate: shorten it.")
+
+
+@pytest.mark.parametrize("key", ["5_0", "\u0665", " 5", "5 ", "+5", "0x5", "5.0", ""])
+def test_a_logit_bias_key_is_a_token_id_written_in_ascii_digits(key):
+    """``int`` would read "5_0" as 50, the Arabic-Indic digit five as 5 and " 5" as 5: a key is digits, as the
+    token id is written in JSON's own numbers."""
+    with pytest.raises(ProtocolError) as e:
+        completion(logit_bias={key: 1}).to_sampling_params(prompt_len=3, max_model_len=512)
+    assert e.value.param == "logit_bias" and "logit_bias keys must be token ids" in e.value.message
+
+
+def test_a_logit_bias_key_of_digits_is_its_token_id():
+    assert completion(logit_bias={"5": 1, "017": -2}).to_sampling_params(3, 512).logit_bias == {5: 1, 17: -2}
