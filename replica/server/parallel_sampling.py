@@ -15,12 +15,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.protocol import EngineClient
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.protocol import SamplingFields
 
 Outputs = AsyncIterator[RequestOutput]
 """One engine request's outputs, its final one last."""
@@ -40,6 +44,15 @@ class Candidate:
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+
+def params_per_prompt(req: SamplingFields, prompts: list[list[int]], max_model_len: int,
+                      default_max_tokens: int | None) -> list[SamplingParams]:
+    """Each prompt's ``SamplingParams``: the first prompt's built from ``req``, the others' copies of them with their
+    own max_tokens (the request's token lists are read and checked once, whatever the number of prompts)."""
+    first = req.to_sampling_params(len(prompts[0]), max_model_len, default_max_tokens)
+    return [first, *(req.to_sampling_params(len(ids), max_model_len, default_max_tokens, like=first)
+                     for ids in prompts[1:])]
 
 
 def plan_candidates(first: EngineRequest, prompts: list[list[int]], params: list[SamplingParams], num_choices: int,

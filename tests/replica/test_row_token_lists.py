@@ -7,12 +7,16 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.request import Request
 from kvmesh.replica.engine.request_checks import validate_request_input
+from kvmesh.replica.openai.errors import parse_request
+from kvmesh.replica.openai.protocol import CompletionRequest
 from kvmesh.replica.sample.sampler import Sampler
-from kvmesh.replica.server.parallel_sampling import plan_candidates
+from kvmesh.replica.server.parallel_sampling import params_per_prompt, plan_candidates
+from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.worker.input_batch import InputBatch
@@ -159,3 +163,20 @@ def test_the_fields_a_request_sent_are_all_its_dict_holds():
     sp = SamplingParams(logit_bias={3: 1.0}, stop_token_ids=[4])
     sp.child(seed=1).stop_set(frozenset({2}))
     assert sp.as_dict() == {f.name: getattr(sp, f.name) for f in dataclasses.fields(sp) if f.init}
+
+
+def test_the_prompts_of_a_request_share_one_checked_copy_of_its_lists():
+    bias = {str(t): 1 for t in range(VOCAB)}
+    req = parse_request(CompletionRequest, {"prompt": [[1, 2], [3, 4, 5], [6]], "logit_bias": bias,
+                                            "allowed_token_ids": list(range(VOCAB)), "min_tokens": 1, "max_tokens": None})
+    params = params_per_prompt(req, req.prompts(), max_model_len=10, default_max_tokens=None)
+    assert [sp.max_tokens for sp in params] == [8, 7, 9]  # each prompt's room in the context
+    assert all(sp.logit_bias is params[0].logit_bias and sp.allowed_token_ids is params[0].allowed_token_ids
+               for sp in params)
+
+
+def test_a_prompt_too_long_for_min_tokens_is_named_like_the_first():
+    req = parse_request(CompletionRequest, {"prompt": [[1], [1, 2, 3, 4, 5, 6, 7]], "min_tokens": 5, "max_tokens": None})
+    with pytest.raises(ProtocolError) as e:
+        params_per_prompt(req, req.prompts(), max_model_len=10, default_max_tokens=None)
+    assert e.value.param == "min_tokens"
