@@ -75,7 +75,7 @@ class Request:
         self.lora_name = lora_request.lora_name if lora_request is not None else None  # keys its blocks
         self.lora_identity = lora_request.identity if lora_request is not None else None  # ... with its weights'
         self.eos_token_ids = frozenset() if sampling_params.ignore_eos else eos_token_ids
-        self.stop_token_ids = self.eos_token_ids | frozenset(sampling_params.stop_token_ids)  # any ends it
+        self.stop_token_ids = sampling_params.stop_set(self.eos_token_ids)  # any ends it; one set for n children
         self.all_token_ids: list[int] = list(engine_request.prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

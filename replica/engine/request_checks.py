@@ -76,12 +76,18 @@ def validate_request_input(
     if num_blocks > num_usable_blocks:
         raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "
                          f"{num_usable_blocks}; shorten it or give the replica more KV cache memory")
+    if params.largest_token_id >= vocab_size:  # known since validate: an n child's shared lists are not walked
+        _raise_outside_vocabulary(params, vocab_size)
+    if params.stop and not has_tokenizer:
+        raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+
+
+def _raise_outside_vocabulary(params: SamplingParams, vocab_size: int) -> None:
+    """Raise SamplingParamsError naming the first token list with an id outside the vocabulary."""
     for name, token_ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or []),
                             ("stop_token_ids", params.stop_token_ids or [])):  # min_tokens bans stop ids: in range
         if (bad := next((t for t in token_ids if t >= vocab_size), None)) is not None:
             raise SamplingParamsError(name, f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
-    if params.stop and not has_tokenizer:
-        raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
 
 
 def check_priority(priority: object, scheduling_policy: str) -> None:

@@ -127,10 +127,11 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def to_sampling_params(self, prompt_len: int, max_model_len: int,
-                           default_max_tokens: int | None = None) -> SamplingParams:
+    def to_sampling_params(self, prompt_len: int, max_model_len: int, default_max_tokens: int | None = None,
+                           like: SamplingParams | None = None) -> SamplingParams:
         """``SamplingParams`` for a prompt of ``prompt_len`` tokens on a ``max_model_len`` context (the HTTP edge:
-        the field rules are ``SamplingParams``', the context rule ``context_overflow``; a 400 names the field)."""
+        the field rules are ``SamplingParams``', the context rule ``context_overflow``; a 400 names the field);
+        ``like``: another prompt's of this request, copied with this prompt's max_tokens (its lists read once)."""
         self.check_supported()
         if prompt_len < 1:
             raise ProtocolError("prompt is empty; send at least one token", param="prompt")
@@ -146,6 +147,8 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         logprobs, prompt_logprobs = self._logprobs()
         try:
+            if like is not None:
+                return like.child(max_tokens=max_tokens)
             return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=1.0 if self.temperature is None else float(self.temperature),

@@ -11,7 +11,6 @@ Both servers answer with the same status and error body for the same request (te
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from importlib import metadata
 from typing import TypeVar
@@ -61,7 +60,7 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
         params = req.to_sampling_params(len(ids), max_model_len())
         return RenderedRequest(
             request_id=req.request_id or random_id(prefix), token_ids=ids, model=req.model or model_name(),
-            sampling_params=dataclasses.asdict(params), stream=req.stream, cache_salt=req.cache_salt,
+            sampling_params=params.as_dict(), stream=req.stream, cache_salt=req.cache_salt,
             stream_options=req.stream_options.model_dump() if req.stream_options else None).model_dump()
 
     @app.post("/tokenize")

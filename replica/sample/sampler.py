@@ -7,11 +7,12 @@ count of unseeded draws), over weights whose order depends on its own settings o
 for plain rows, descending probability for top-k/top-p rows): fixed_sampler.py defines the draw, and
 the decode CUDA graph runs the same draw, so both give the same tokens, whatever shares the batch.
 
-This eager sampler is what runs outside the decode graphs: logit_bias and min_tokens bans (applied to
-the logits first), the steps that are not decode-only, every step without graphs. Top-k / top-p avoid sorting the vocabulary on the CPU (a
-[256, 32000] sort costs ~1 s on one CPU core): ``topk`` picks a shortlist per row (the largest top_k,
-or TOP_P_CANDIDATES[i] for nucleus rows without one) and the draw runs on [N, K]; rows whose nucleus
-is wider than the shortlist (very flat distributions) take the full sort.
+This eager sampler is what runs outside the decode graphs: logit_bias, allowed_token_ids and min_tokens bans
+(applied to the logits first; their tensors are kept across steps: token_lists.py), the steps that are not
+decode-only, every step without graphs. Top-k / top-p avoid sorting the vocabulary on the CPU (a [256, 32000]
+sort costs ~1 s on one CPU core): ``topk`` picks a shortlist per row (the largest top_k, or TOP_P_CANDIDATES[i]
+for nucleus rows without one) and the draw runs on [N, K]; rows whose nucleus is wider than the shortlist (very
+flat distributions) take the full sort.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kvmesh.replica.sample.fixed_sampler import draw_in_order, truncated_weights
 from kvmesh.replica.sample.grammar_mask import apply_grammar_bitmask
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.sample.penalties import Penalties, apply_min_p, apply_penalties
+from kvmesh.replica.sample.token_lists import BatchTokenLists, StepTokenLists
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies, PackedUpload
 
@@ -92,15 +94,19 @@ class SamplingMetadata:
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
                             eos_token_ids: Sequence[int], device: torch.device,
-                            packer: PackedUpload | None = None, draws: RandomDraws | None = None
-                            ) -> SamplingMetadata:
+                            packer: PackedUpload | None = None, draws: RandomDraws | None = None,
+                            lists: StepTokenLists | None = None) -> SamplingMetadata:
     """Collect the sampling rows' parameters into tensors: one Python pass over the rows, then one
     non-blocking upload of them all (through ``packer``, the runner's staging buffer; a fresh one
     without); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows);
-    ``draws``: the runner's count of unseeded draws (a fresh one without)."""
+    ``draws``: the runner's count of unseeded draws (a fresh one without); ``lists``: the step's token-list
+    tensors, kept by the runner's batch across steps (token_lists.py; made from ``params`` without)."""
     i64 = np.int64
     arrays: dict[str, tuple] = {}  # name -> (host array, dtype), uploaded together
-    _add_logits_processors(arrays, params, num_generated, eos_token_ids)
+    if lists is None:
+        lists = BatchTokenLists.of(params, device).step(np.arange(len(params)), np.asarray(num_generated, i64),
+                                                        eos_token_ids)
+    banned, bias, allowed = lists
     asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
     max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
     logprobs_rows = asked if 0 < len(asked) < len(params) else None
@@ -114,9 +120,6 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
         _add_random_sampling(arrays, params, num_generated, top_ks, truncated, trunc, draws)
     packer = packer or PackedUpload(0, device)
     t = dict(zip(arrays, packer.upload(list(arrays.values())), strict=True)) if arrays else {}
-    banned = (t["banned"][0], t["banned"][1]) if "banned" in t else None
-    bias = (t["bias_at"][0], t["bias_at"][1], t["bias"]) if "bias" in t else None
-    allowed = (t["allowing"], t["allowed_at"][0], t["allowed_at"][1]) if "allowing" in t else None
     if greedy:
         return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows,
                                 logprobs_index=t.get("logprobs_index"), allowed=allowed)
@@ -127,35 +130,6 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
         max_top_k=max((top_ks[row] for row in trunc if top_ks[row] < vocab_size), default=0),
         nucleus_only=any(top_ks[row] >= vocab_size for row in trunc), logprobs_index=t.get("logprobs_index"),
         allowed=allowed, min_p=t.get("min_p"))
-
-
-def _add_logits_processors(arrays: dict[str, tuple], params: Sequence[SamplingParams], num_generated: Sequence[int],
-                           eos_token_ids: Sequence[int]) -> None:
-    """The arrays of what vLLM's min-tokens and logit-bias logits processors and its allowed-token mask apply, for the
-    rows that ask: the tokens banned until a row's ``min_tokens`` (its stop ids and, unless it ignores EOS, the EOS
-    ids), its ``logit_bias``, its ``allowed_token_ids``."""
-    i64, f32 = np.int64, np.float32
-    banned_rows, banned_ids = [], []
-    for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
-        if sp.min_tokens and n < sp.min_tokens:
-            ids = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
-            banned_rows += [row] * len(ids)
-            banned_ids += ids
-    if banned_ids:
-        arrays["banned"] = (np.array([banned_rows, banned_ids]), i64)  # [2, B]
-    bias_rows, bias_ids, bias_values = [], [], []
-    for row, sp in enumerate(params):
-        if sp.logit_bias:
-            bias_rows += [row] * len(sp.logit_bias)
-            bias_ids += list(sp.logit_bias)
-            bias_values += [float(v) for v in sp.logit_bias.values()]
-    if bias_ids:
-        arrays["bias_at"], arrays["bias"] = (np.array([bias_rows, bias_ids]), i64), (np.array(bias_values), f32)
-    allowing = [row for row, sp in enumerate(params) if sp.allowed_token_ids]
-    if allowing:
-        ids = [np.asarray(params[row].allowed_token_ids, dtype=i64) for row in allowing]
-        rows = np.repeat(np.asarray(allowing, dtype=i64), [len(a) for a in ids])  # allowed_at: [2, A]
-        arrays["allowing"], arrays["allowed_at"] = (allowing, i64), (np.stack([rows, np.concatenate(ids)]), i64)
 
 
 def _add_random_sampling(arrays: dict[str, tuple], params: Sequence[SamplingParams], num_generated: Sequence[int],

@@ -83,8 +83,7 @@ class OpenAIHandlers:
     # ------------------------------------------------------------ shared path
     async def _serve(self, http: Request, req: OpenAIRequest, prompts: list[list[int]]) -> Response:
         client = self.state.engine_client
-        params = [req.to_sampling_params(len(ids), client.max_model_len, self.state.default_max_tokens)
-                  for ids in prompts]
+        params = parallel_sampling.params_per_prompt(req, prompts, client.max_model_len, self.state.default_max_tokens)
         chat_answer.constrain_after_reasoning(req, self.state.frontend, params)
         constraints = await checked_constraints(params)
         request_id = responses.random_id("chatcmpl" if isinstance(req, ChatCompletionRequest) else "cmpl")

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.engine.engine_request import EngineRequest
 from kvmesh.replica.engine.protocol import EngineClient
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.protocol import SamplingFields
 
 Outputs = AsyncIterator[RequestOutput]
 """One engine request's outputs, its final one last."""
@@ -42,6 +46,15 @@ class Candidate:
         return self.request.request_id
 
 
+def params_per_prompt(req: SamplingFields, prompts: list[list[int]], max_model_len: int,
+                      default_max_tokens: int | None) -> list[SamplingParams]:
+    """Each prompt's ``SamplingParams``: the first prompt's built from ``req``, the others' copies of them with their
+    own max_tokens (the request's token lists are read and checked once, whatever the number of prompts)."""
+    first = req.to_sampling_params(len(prompts[0]), max_model_len, default_max_tokens)
+    return [first, *(req.to_sampling_params(len(ids), max_model_len, default_max_tokens, like=first)
+                     for ids in prompts[1:])]
+
+
 def plan_candidates(first: EngineRequest, prompts: list[list[int]], params: list[SamplingParams], num_choices: int,
                     best_of: int | None, user_wants_logprobs: bool, stream: bool = False) -> list[Candidate]:
     """Candidates for ``prompts`` (``params[i]`` belongs to prompt i), prompt by prompt, sample 0 first: copies of
@@ -56,8 +69,7 @@ def plan_candidates(first: EngineRequest, prompts: list[list[int]], params: list
         for j in range(per_prompt):
             sp = base
             if j > 0 or (per_prompt > num_choices and not user_wants_logprobs):
-                sp = replace(
-                    base,
+                sp = base.child(  # shares base's token lists, checked once
                     seed=None if base.seed is None else base.seed + j,
                     prompt_logprobs=base.prompt_logprobs if j == 0 or stream else None,
                     # ranking best_of candidates needs their tokens' logprobs

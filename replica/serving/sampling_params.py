@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
@@ -92,6 +93,9 @@ class SamplingParams:
     """Drop tokens whose probability (after temperature) is below min_p x the most likely one's (in [0, 1])."""
     structured_outputs: StructuredOutputsParams | None = None
     """What the output must match (a JSON schema, a regex, a choice, a grammar; structured_outputs.py); None: free."""
+    _checked_lists: tuple = field(default=(), init=False, repr=False, compare=False)
+    """(the token lists ``validate`` last checked, their sizes, their largest token id, their stop sets by EOS ids): a
+    copy that keeps them (an n child: ``child``) is not walked again; lists replaced or resized are."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -102,10 +106,58 @@ class SamplingParams:
             self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids))
         if self.allowed_token_ids and len(self.allowed_token_ids) > 1:
             self.allowed_token_ids = list(dict.fromkeys(self.allowed_token_ids))
+        self._remember_lists()
+
+    def child(self, **changes) -> SamplingParams:
+        """A copy with ``changes`` (an n child's seed, logprobs: vLLM's child sampling params) that shares this one's
+        token lists, checked once for all the children."""
+        sp = copy.copy(self)
+        for name, value in changes.items():
+            setattr(sp, name, value)
+        sp.validate()
+        return sp
+
+    def as_dict(self) -> dict:
+        """The fields as a request sends them (vLLM's names), without what ``validate`` remembers."""
+        bare = copy.copy(self)
+        bare._checked_lists = ()
+        return {name: value for name, value in asdict(bare).items() if name != "_checked_lists"}
+
+    @property
+    def largest_token_id(self) -> int:
+        """The largest token id of logit_bias, allowed_token_ids and stop_token_ids as ``validate`` last saw them
+        (-1: none)."""
+        return self._checked_lists[2] if self._lists_unchanged() else self._remember_lists()
+
+    def stop_set(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
+        """``eos_token_ids`` and the stop token ids as one set: any of them ends the request (made once for the copies
+        that share the lists)."""
+        if not self._lists_unchanged():
+            self._remember_lists()
+        sets = self._checked_lists[3]
+        found = sets.get(eos_token_ids)
+        if found is None:
+            found = sets[eos_token_ids] = eos_token_ids | frozenset(self.stop_token_ids)
+        return found
+
+    def _token_lists(self) -> tuple:
+        return self.logit_bias, self.allowed_token_ids, self.stop_token_ids
+
+    def _lists_unchanged(self) -> bool:
+        checked = self._checked_lists
+        return bool(checked) and all(a is b and (a is None or len(a) == n)
+                                     for a, b, n in zip(checked[0], self._token_lists(), checked[1], strict=True))
+
+    def _remember_lists(self) -> int:
+        lists = self._token_lists()
+        largest = max((max(ids, default=-1) for ids in lists if ids), default=-1)
+        self._checked_lists = (lists, tuple(-1 if ids is None else len(ids) for ids in lists), largest, {})
+        return largest
 
     def validate(self) -> None:
         """Raise SamplingParamsError naming the first invalid field (the engine re-checks params it is handed:
-        the dataclass is mutable)."""
+        the dataclass is mutable; token lists it has checked are not walked again)."""
+        fresh = not self._lists_unchanged()
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise SamplingParamsError("max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
@@ -123,22 +175,24 @@ class SamplingParams:
         if len(self.stop) > MAX_STOP_STRINGS:
             raise SamplingParamsError("stop", f"stop has {len(self.stop)} strings; the limit is {MAX_STOP_STRINGS}")
         ids = self.stop_token_ids
-        if any(not isinstance(t, int) or t < 0 for t in ids):
+        if fresh and any(not isinstance(t, int) or t < 0 for t in ids):
             raise SamplingParamsError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {ids!r}")
         if self.logprobs is not None or self.prompt_logprobs is not None:  # most requests ask for none
             self._validate_logprobs()
-        if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
+        if fresh and self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.allowed_token_ids)):
             raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must be a non-empty list of "
                                       f"non-negative token ids, got {self.allowed_token_ids!r}")
         self._validate_penalties()
-        for token_id, bias in (self.logit_bias or {}).items():
+        for token_id, bias in (self.logit_bias or {}).items() if fresh else ():
             if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
                 raise SamplingParamsError(
                     "logit_bias", f"logit_bias keys must be non-negative token ids, got {token_id!r}")
             if not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
                 raise SamplingParamsError(
                     "logit_bias", f"logit_bias[{token_id}] must be a number in [-100, 100], got {bias!r}")
+        if fresh:
+            self._remember_lists()
 
     def _validate_logprobs(self) -> None:
         for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):

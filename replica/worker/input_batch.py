@@ -36,6 +36,7 @@ from kvmesh.replica.sample.draws import RandomDraws
 from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.penalties import PenaltyState
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
+from kvmesh.replica.sample.token_lists import BatchTokenLists
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
@@ -68,6 +69,7 @@ class InputBatch:
         self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
         self.penalized = np.zeros(0, bool)  # rows whose output counts and prompt mask ``penalties`` keeps
         self.penalties = PenaltyState(device)
+        self.token_lists = BatchTokenLists(device)  # rows' logit_bias / allowed / min_tokens bans, kept across steps
         self.req_ids = np.zeros(0, object)
         self.params: list = []
         self.lora: LoRAManager | None = None  # the runner's LoRA state (None: LoRA off)
@@ -84,10 +86,14 @@ class InputBatch:
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
             self.params += [None] * (n - old)
+            self.token_lists.fit(n)
 
     def free(self, request_ids) -> None:
         rows = self.block_tables.rows
-        self.prev_sample[[rows[rid] for rid in request_ids if rid in rows]] = 0
+        freed = [rows[rid] for rid in request_ids if rid in rows]
+        self.prev_sample[freed] = 0
+        for row in freed:
+            self.token_lists.clear_row(row)
         self.block_tables.free(request_ids)
 
     def _admit(self, srs: list[ScheduledRequest]) -> np.ndarray:
@@ -101,6 +107,7 @@ class InputBatch:
                                       and not sp.allowed_token_ids and sp.logprobs is None and not sp.penalized
                                       and sp.structured_outputs is None)
             self.penalized[row] = sp.penalized
+            self.token_lists.set_row(row, sp)
             if sp.penalized:  # counted from the request's tokens: new, resumed, or a later chunk alike
                 self.penalties.reset(row, sr.prompt_token_ids or [], sr.output_token_ids)
             self.num_computed[row] = sr.num_computed_tokens
@@ -242,9 +249,10 @@ class InputBatch:
         """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""
         if self.plain_greedy[rows].all():
             return _ALL_GREEDY
-        params = [self.params[r] for r in rows.tolist()]
-        md = build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device,
-                                     self.sampling_upload, self.draws)
+        params, num_output = [self.params[r] for r in rows.tolist()], self.num_output[rows]
+        md = build_sampling_metadata(params, num_output.tolist(), vocab_size, eos_token_ids, self.device,
+                                     self.sampling_upload, self.draws,
+                                     self.token_lists.step(rows, num_output, eos_token_ids))
         md.penalties = self.penalties.gather(rows, self.penalized[rows], params, vocab_size)
         return md
 
