@@ -86,5 +86,14 @@ def test_a_secret_in_another_form_is_refused_naming_the_hex_form(tmp_path, given
 
 
 def test_a_router_config_built_in_code_refuses_a_secret_of_the_wrong_length():
-    with pytest.raises(ValueError, match="32 bytes"):
+    with pytest.raises(ValueError, match="32-byte salt secret, got 64 bytes"):
         RouterConfig(cache_salt_secret=SECRET.hex().encode())
+
+
+def test_serve_refuses_a_salt_secret_in_its_config_as_it_derives_its_own(tmp_path):
+    from kvmesh.cluster.config.trees import SERVE_SCHEMA
+
+    path = tmp_path / "serve.yaml"
+    path.write_text(f"router:\n  cache_salt_secret: {SECRET.hex()}\n")
+    with pytest.raises(ConfigError, match="router.cache_salt_secret cannot be set in this command: serve derives it"):
+        load(SERVE_SCHEMA, path, env={})
