@@ -17,7 +17,6 @@ import time
 from typing import TYPE_CHECKING
 
 import msgspec
-from kvmesh.kvcache.hashing import salt_secret_check
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
@@ -142,13 +141,13 @@ class ReplicaProbes:
     def check_salt_secret(self, replica: Replica, info: ServerInfo | None) -> None:
         """Note whether ``replica`` hashes salted prompts with the router's salt secret; warn when it does not."""
         theirs = info.get("salt_secret_check") if info is not None else None
-        match = theirs == salt_secret_check(self.config.cache_salt_secret) if isinstance(theirs, str) else None
+        match = theirs == self.router.hasher.salt_secret_check() if isinstance(theirs, str) else None
         if match is False and replica.salt_keys_match is not False:
             logger.warning("replica %s hashes salted prompts with another salt secret than this router's%s: requests "
                            "with a cache_salt get no prefix matches on it. Give the router the cluster's salt secret: "
                            "router.cache_salt_secret or KVMESH_ROUTER_CACHE_SALT_SECRET, 64 hex characters (the "
                            "cluster record's router_secrets.cache_salt_secret)", replica.id,
-                           " (it has none)" if self.config.cache_salt_secret is None else "")
+                           " (it has none)" if self.router.hasher.salt_secret is None else "")
         replica.salt_keys_match = match
 
     async def probe_all(self) -> None:

@@ -97,3 +97,12 @@ def test_serve_refuses_a_salt_secret_in_its_config_as_it_derives_its_own(tmp_pat
     path.write_text(f"router:\n  cache_salt_secret: {SECRET.hex()}\n")
     with pytest.raises(ConfigError, match="router.cache_salt_secret cannot be set in this command: serve derives it"):
         load(SERVE_SCHEMA, path, env={})
+
+
+def test_the_salt_secret_check_tells_secrets_apart_and_is_no_salts_digest():
+    from kvmesh.kvcache.hashing import salt_key, salt_secret_check
+
+    check = salt_secret_check(SECRET)
+    assert check == salt_secret_check(cache_salt_secret(SEED)) and salt_secret_check(None) is None
+    assert check != salt_secret_check(cache_salt_secret(b"another cluster's seed"))
+    assert SECRET.hex()[:16] not in check and check not in salt_key("kvmesh/cache-salt-check/v1", SECRET)
