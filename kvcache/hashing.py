@@ -43,6 +43,7 @@ _BIG_ENDIAN_HOST = sys.byteorder == "big"
 _NONE_HASH_DOMAIN = b"kvmesh/none-hash/v1\x00"
 _SALT_DOMAIN = b"kvmesh/cache-salt/v1\x00"
 _SALT_SECRET_DOMAIN = b"kvmesh/cache-salt-secret/v1\x00"
+_SALT_CHECK_DOMAIN = b"kvmesh/cache-salt-check/v1\x00"
 
 
 def generate_seed() -> bytes:
@@ -73,6 +74,27 @@ def cache_salt_secret(seed: bytes | str) -> bytes:
     """The key of a cluster's cache-salt digests, from its hash seed (one-way: it reveals neither
     the seed nor NONE_HASH). SECRET: give it to the cluster's routers, never log it."""
     return salt_secret_from_none_hash(make_none_hash(seed))
+
+
+SALT_SECRET_BYTES = hashlib.sha256().digest_size
+"""Length of a cluster's salt secret (``cache_salt_secret``)."""
+
+
+def check_salt_secret(secret: bytes | None) -> None:
+    """ValueError unless ``secret`` is None or a salt secret's length, saying the form a router is given it in."""
+    if secret is not None and len(secret) != SALT_SECRET_BYTES:
+        raise ValueError(
+            f"router.cache_salt_secret must be the cluster's {SALT_SECRET_BYTES}-byte salt secret, got {len(secret)} "
+            f"bytes: give it as {2 * SALT_SECRET_BYTES} hex characters (in a config file or "
+            "KVMESH_ROUTER_CACHE_SALT_SECRET), as the cluster record's router_secrets.cache_salt_secret holds it")
+
+
+def salt_secret_check(salt_secret: bytes | None) -> str | None:
+    """A short digest that shows whether two parties hold the same salt secret and reveals nothing of it (a replica
+    reports its own in ``/server_info``, a router compares its own with it); None for no secret."""
+    if salt_secret is None:
+        return None
+    return hmac.new(salt_secret, _SALT_CHECK_DOMAIN, hashlib.sha256).hexdigest()[:16]
 
 
 def salt_key(cache_salt: str, salt_secret: bytes | None = None) -> str:

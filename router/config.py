@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
+from kvmesh.kvcache.hashing import check_salt_secret
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
 from kvmesh.replica.serving.model_names import split_served_names
 from kvmesh.router.admission.config import AdmissionConfig
@@ -137,8 +138,9 @@ class RouterConfig:
     """The cluster's internal key, sent to replicas on every call instead of upstream.replica_api_key: only it opens their KV
     plane (kv_transfer_params, /kv/*); must differ from api_key and admin_key. ``kvmesh serve`` generates one."""
     cache_salt_secret: bytes | None = field(default=None, repr=False)
-    """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret(seed)``,
-    not the seed); None: requests with a cache_salt are routed without prefix matches."""
+    """SECRET: key of the replicas' cache-salt digests, 32 bytes written as 64 hex characters in a file or variable
+    (the cluster record's router_secrets.cache_salt_secret; ``kvcache.hashing.cache_salt_secret(seed)``, not the
+    seed); None: requests with a cache_salt are routed without prefix matches."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
     events: SubscriberConfig = field(default_factory=SubscriberConfig)
@@ -193,6 +195,7 @@ class RouterConfig:
         if self.admin_key is not None and self.admin_key == self.api_key:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
         check_internal_key(self.internal_key, "internal_key", {"api_key": self.api_key, "admin_key": self.admin_key})
+        check_salt_secret(self.cache_salt_secret)
 
     def policy_config(self) -> PolicyConfig:
         """The policy's typed config section from ``policy_kwargs`` (a bad knob is a ValueError naming it)."""

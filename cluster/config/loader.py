@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -122,12 +123,27 @@ def _set(data: Tree, opt: Option, value: YamlValue, source: str) -> None:
         section = section.setdefault(opt.sub, {})
     if opt.is_sequence and isinstance(value, str):  # a variable: comma-separated
         value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, str | int) and _takes_bytes(opt.type):
+        value = _hex_bytes(str(value), opt, source)
     if opt.is_mapping and isinstance(value, str):
         try:
             value = assignments([v for v in value.split(",") if v.strip()], source)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     section[opt.name] = value
+
+
+def _takes_bytes(tp: object) -> bool:
+    return tp is bytes or bytes in typing.get_args(tp)
+
+
+def _hex_bytes(text: str, opt: Option, source: str) -> bytes:
+    """Bytes written in a file or variable: hex digits (base64 or raw text would be taken silently as other bytes)."""
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(f"{source}: {opt.dotted} ({opt.envs[0]}) is not hex digits: bytes in a file or variable are "
+                          f"written as hex ({opt.doc.removeprefix('SECRET: ')})") from None
 
 
 def _explain(schema: Schema[Root], data: Tree, message: str) -> str:

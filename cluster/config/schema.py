@@ -244,9 +244,9 @@ def allows_none(tp: Annotation) -> bool:
 
 
 def allows_str(tp: Annotation) -> bool:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return str in typing.get_args(tp)
-    return tp is str
+    """A field whose text is taken as written: ``str``, or ``bytes`` (hex, which the loader decodes)."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return str in args or bytes in args
 
 
 def value_from_text(text: str, tp: Annotation | None) -> YamlValue:

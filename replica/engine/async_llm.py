@@ -18,6 +18,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
+from kvmesh.kvcache.hashing import salt_secret_check, salt_secret_from_none_hash
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.build import build_engine
 from kvmesh.replica.engine.commands import (
@@ -70,6 +71,8 @@ class AsyncLLM:
         self.block_size = engine.config.block_size
         self.num_kv_blocks = engine.num_kv_blocks
         self.tensor_parallel_size = engine.config.tensor_parallel_size
+        self.salt_secret_check = salt_secret_check(salt_secret_from_none_hash(engine.kv_cache_manager.none_hash))
+        """What shows a router whether it keys salted prompts as this engine hashes them (``/server_info``)."""
         self.draining = False  # set by graceful shutdown: new requests get 503
         self._ids = itertools.count()
         kv_transfers = engine.connector(EngineKVTransfers)

@@ -66,6 +66,7 @@ class ServerState:
                 "block_size": e.block_size, "num_kv_blocks": e.num_kv_blocks,
                 "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh",
                 "tokenizer_fingerprint": self.tokenizer.fingerprint if self.tokenizer is not None else None,
+                "salt_secret_check": e.salt_secret_check,
                 **self.extra_info}
 
     def model_info(self, paths: bool) -> Info:

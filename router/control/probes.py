@@ -132,10 +132,23 @@ class ReplicaProbes:
         tokenizer = self.models.tokenizer_of(replica)
         if not replica.removed and replica.spec is spec:
             replica.accepts = upstream_kind(info, tokenizer)
+        self.check_salt_secret(replica, info)
         reason = incompatibility(info, self.config.block_size, tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", replica.id, reason)
             self.router.set_degraded(replica, reason, INCOMPATIBLE)
+
+    def check_salt_secret(self, replica: Replica, info: ServerInfo | None) -> None:
+        """Note whether ``replica`` hashes salted prompts with the router's salt secret; warn when it does not."""
+        theirs = info.get("salt_secret_check") if info is not None else None
+        match = theirs == self.router.hasher.salt_secret_check() if isinstance(theirs, str) else None
+        if match is False and replica.salt_keys_match is not False:
+            logger.warning("replica %s hashes salted prompts with another salt secret than this router's%s: requests "
+                           "with a cache_salt get no prefix matches on it. Give the router the cluster's salt secret: "
+                           "router.cache_salt_secret or KVMESH_ROUTER_CACHE_SALT_SECRET, 64 hex characters (the "
+                           "cluster record's router_secrets.cache_salt_secret)", replica.id,
+                           " (it has none)" if self.router.hasher.salt_secret is None else "")
+        replica.salt_keys_match = match
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(r) for r in self.router.replicas if r.spec is not None),

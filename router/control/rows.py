@@ -54,6 +54,9 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The LoRA adapters it has (its ``/v1/models`` and ``/load``)."""
     decode_load: int = 0
     """Requests sharing its decode steps as this router sees them (``ReplicaLoad.decode_load``)."""
+    salt_keys_match: bool | None = None
+    """Whether this router keys salted prompts as it hashes them (the same salt secret, its ``/server_info``);
+    False: requests with a ``cache_salt`` get no prefix matches on it; None: it does not say (vLLM)."""
     load_seq: int | None = None
     """``seq`` of the last load it published that this router applied (events/load.py); None: none (its ``/load``
     polls count)."""
@@ -86,4 +89,5 @@ def replica_row(replica: Replica, now: float) -> ReplicaRow:
                       ejections=health.ejections, last_failure=health.last_failure,
                       model=served.base if served is not None else None,
                       adapters=sorted(served.adapters) if served is not None else [],
-                      decode_load=load.decode_load, load_seq=load.published_seq)
+                      decode_load=load.decode_load, load_seq=load.published_seq,
+                      salt_keys_match=replica.salt_keys_match)

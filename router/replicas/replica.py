@@ -12,6 +12,7 @@ dropping its record (router/replicas/replica_set.py):
     health, patience        passive health: failures, ejections, progress, the deadlines of its answers
     served                  the base model and adapters it serves (its /v1/models and /load)
     accepts                 what it takes instead of text (token ids; its /server_info)
+    salt_keys_match         whether the router keys salted prompts as it hashes them (its /server_info)
     kv_peers_pending        this router's replica set did not reach it yet: no pull is planned to it
     reuse                   reuse totals of the requests routed to it (its route receipts)
     stream                  its event stream as the router watches and feeds it
@@ -108,6 +109,9 @@ class Replica:
     """The adapter names its ``/v1/models`` was last read for."""
     accepts: UpstreamKind | None = None
     """What it takes instead of text, from ``/server_info``; None: not said yet (text)."""
+    salt_keys_match: bool | None = None
+    """Whether its salt secret is the router's (``/server_info``'s ``salt_secret_check``): False, a request with a
+    ``cache_salt`` matches none of its blocks; None: not said (vLLM) or not asked yet."""
     reuse: ReuseTotals = field(default_factory=ReuseTotals)
     stream: StreamState = field(default_factory=StreamState)
     kv_peers_pending: bool = False

@@ -133,6 +133,12 @@ class RouterKeyHasher:
         self.native = native and FASTPATH is not None
         """Whether keys (and the index's match) use the compiled fast path; same results either way."""
 
+    def salt_secret_check(self) -> str | None:
+        """The check of its salt secret a replica's ``/server_info`` reports of its own (None: it has none)."""
+        from kvmesh.kvcache.hashing import salt_secret_check
+
+        return salt_secret_check(self.salt_secret)
+
     def keys(
         self,
         token_ids: Sequence[int],

@@ -11,7 +11,7 @@ from kvmesh.router.config import RouterConfig
 
 def test_the_record_carries_the_routers_secrets_readable_by_its_user_only(tmp_path):
     own = RouterConfig(port=0, block_size=8, internal_key="internal-key-of-the-cluster-0123456789",
-                       cache_salt_secret=b"\x01\x02salt",
+                       cache_salt_secret=b"\x01\x02salt" + bytes(26),
                        events=SubscriberConfig(curve_server_key="S" * 40, curve_public_key="P" * 40,
                                                curve_secret_key="X" * 40))
     path = publish("http://127.0.0.1:8123", "admin-key", tmp_path, router_secrets=RouterSecrets.of(own))
@@ -19,7 +19,7 @@ def test_the_record_carries_the_routers_secrets_readable_by_its_user_only(tmp_pa
     record = running_record("http://localhost:8123", tmp_path)
     assert record is not None and "internal-key" not in repr(record) and "X" * 40 not in repr(record.router_secrets)
     other = record.router_secrets.apply(RouterConfig(port=0, policy="round_robin"))
-    assert (other.internal_key, other.cache_salt_secret, other.block_size) == (own.internal_key, b"\x01\x02salt", 8)
+    assert (other.internal_key, other.cache_salt_secret, other.block_size) == (own.internal_key, own.cache_salt_secret, 8)
     assert (other.events.curve_server_key, other.events.curve_public_key, other.events.curve_secret_key) == (
         "S" * 40, "P" * 40, "X" * 40)
     assert other.policy == "round_robin"
