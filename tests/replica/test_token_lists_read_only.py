@@ -82,3 +82,29 @@ def test_read_only_lists_still_copy_pickle_compare_and_serialize():
     assert type(fields["logit_bias"]) is dict and type(fields["stop_token_ids"]) is list
     assert json.loads(json.dumps(fields))["allowed_token_ids"] == [4, 3]
     assert SamplingParams(**fields) == sp
+
+
+def test_what_is_read_of_assigned_lists_is_checked_first():
+    """largest_token_id and stop_set read lists assigned since the last check only after checking them: what they
+    remember is never taken for checked."""
+    sp = SamplingParams(stop_token_ids=[7])
+    sp.stop_token_ids = [-5]
+    with pytest.raises(ValueError, match="stop_token_ids must be non-negative"):
+        sp.stop_set(frozenset({2}))
+    with pytest.raises(ValueError, match="stop_token_ids must be non-negative"):
+        sp.validate()
+    sp.stop_token_ids = [7]
+    sp.logit_bias = {-1: 1.0}
+    with pytest.raises(ValueError, match="logit_bias keys must be non-negative"):
+        assert sp.largest_token_id >= 0
+    with pytest.raises(ValueError, match="logit_bias keys must be non-negative"):
+        sp.validate()
+
+
+def test_the_lists_a_tensor_parallel_worker_unpickles_are_read_only():
+    sp = SamplingParams(logit_bias={3: 1.0}, stop_token_ids=[7, 8], min_tokens=1)
+    sp.stop_set(frozenset({2}))
+    other = pickle.loads(pickle.dumps(sp))
+    assert other.largest_token_id == 8 and other.stop_set(frozenset({2})) == {2, 7, 8}
+    with pytest.raises(TypeError, match="read-only"):
+        other.logit_bias[9] = 1.0
