@@ -95,8 +95,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     """What the output must match (a JSON schema, a regex, a choice, a grammar; structured_outputs.py); None: free."""
     _checked_lists: tuple = field(default=(), init=False, repr=False, compare=False)
-    """(the token lists ``validate`` last checked, their sizes, their largest token id, their stop sets by EOS ids): a
-    copy that keeps them (an n child: ``child``) is not walked again; lists replaced or resized are."""
+    """(the token lists ``validate`` last checked, read-only, their sizes, their largest token id, their stop sets by
+    EOS ids): a copy that keeps them (an n child: ``child``) is not walked again; lists assigned since are."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -152,8 +152,8 @@ class SamplingParams:
                                      for a, b, n in zip(checked[0], self._token_lists(), checked[1], strict=True))
 
     def _remember_lists(self) -> None:
-        """Keep read-only copies of the checked lists (read_only_lists.py: what was checked
-        stays what the engine reads), and what the copies that share them need."""
+        """Keep read-only copies of the checked lists (read_only_lists.py: what was checked stays what the engine
+        reads), and what the copies that share them need."""
         # token ids are a set of the vocabulary's: a list repeating them costs each step what its distinct ids cost
         self.stop_token_ids = read_only_ids(self.stop_token_ids)
         if self.allowed_token_ids is not None:
