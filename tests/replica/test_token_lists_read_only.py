@@ -108,3 +108,14 @@ def test_the_lists_a_tensor_parallel_worker_unpickles_are_read_only():
     assert other.largest_token_id == 8 and other.stop_set(frozenset({2})) == {2, 7, 8}
     with pytest.raises(TypeError, match="read-only"):
         other.logit_bias[9] = 1.0
+
+
+def test_what_validation_remembers_does_not_travel_to_the_workers():
+    """A request sent in full to the tensor-parallel ranks (pickled once per step) carries its lists once: the stop
+    sets the engine made of them are made again where they are read, not shipped; copies (n children) share them."""
+    sp = SamplingParams(stop_token_ids=list(range(5000)), min_tokens=1)
+    size = len(pickle.dumps(sp))
+    stops = sp.stop_set(frozenset({2}))
+    assert len(pickle.dumps(sp)) == size
+    assert sp.child(seed=1).stop_set(frozenset({2})) is stops
+    assert pickle.loads(pickle.dumps(sp)).stop_set(frozenset({2})) == stops
