@@ -103,6 +103,20 @@ class SamplingParams:
             self.stop = [self.stop]
         self.validate()
 
+    def __copy__(self) -> SamplingParams:
+        sp = SamplingParams.__new__(SamplingParams)
+        for name in self.__slots__:  # all of it: copies share the checked lists and their stop sets
+            setattr(sp, name, getattr(self, name))
+        return sp
+
+    def __getstate__(self) -> tuple[None, dict]:
+        """What pickle and deepcopy keep: the fields, and what ``validate`` remembers without the stop sets (made
+        again where they are read: a tensor-parallel rank never reads them)."""
+        state = {name: getattr(self, name) for name in self.__slots__}
+        if self._checked_lists:
+            state["_checked_lists"] = (*self._checked_lists[:3], {})
+        return None, state
+
     def child(self, **changes) -> SamplingParams:
         """A copy with ``changes`` (an n child's seed, logprobs: vLLM's child sampling params) that shares this one's
         token lists, checked once for all the children."""
