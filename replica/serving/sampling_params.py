@@ -105,14 +105,14 @@ class SamplingParams:
 
     def __copy__(self) -> SamplingParams:
         sp = SamplingParams.__new__(SamplingParams)
-        for name in self.__slots__:  # all of it: copies share the checked lists and their stop sets
-            setattr(sp, name, getattr(self, name))
+        for name, value in object.__getstate__(self)[1].items():  # all of it: copies share the checked lists
+            setattr(sp, name, value)  # and their stop sets
         return sp
 
     def __getstate__(self) -> tuple[None, dict]:
         """What pickle and deepcopy keep: the fields, and what ``validate`` remembers without the stop sets (made
         again where they are read: a tensor-parallel rank never reads them)."""
-        state = {name: getattr(self, name) for name in self.__slots__}
+        state = object.__getstate__(self)[1]  # the slots' values
         if self._checked_lists:
             state["_checked_lists"] = (*self._checked_lists[:3], {})
         return None, state
