@@ -6,6 +6,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.serving.read_only_lists import read_only_bias, read_only_ids
 from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
 
 if TYPE_CHECKING:
@@ -94,19 +95,27 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     """What the output must match (a JSON schema, a regex, a choice, a grammar; structured_outputs.py); None: free."""
     _checked_lists: tuple = field(default=(), init=False, repr=False, compare=False)
-    """(the token lists ``validate`` last checked, their sizes, their largest token id, their stop sets by EOS ids): a
-    copy that keeps them (an n child: ``child``) is not walked again; lists replaced or resized are."""
+    """(the token lists ``validate`` last checked, read-only, their sizes, their largest token id, their stop sets by
+    EOS ids): a copy that keeps them (an n child: ``child``) is not walked again; lists assigned since are."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.validate()
-        # token ids are a set of the vocabulary's: a list repeating them costs each step what its distinct ids cost
-        if self.stop_token_ids and len(self.stop_token_ids) > 1:
-            self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids))
-        if self.allowed_token_ids and len(self.allowed_token_ids) > 1:
-            self.allowed_token_ids = list(dict.fromkeys(self.allowed_token_ids))
-        self._remember_lists()
+
+    def __copy__(self) -> SamplingParams:
+        sp = SamplingParams.__new__(SamplingParams)
+        for name, value in object.__getstate__(self)[1].items():  # all of it: copies share the checked lists
+            setattr(sp, name, value)  # and their stop sets
+        return sp
+
+    def __getstate__(self) -> tuple[None, dict]:
+        """What pickle and deepcopy keep: the fields, and what ``validate`` remembers without the stop sets (made
+        again where they are read: a tensor-parallel rank never reads them)."""
+        state = object.__getstate__(self)[1]  # the slots' values
+        if self._checked_lists:
+            state["_checked_lists"] = (*self._checked_lists[:3], {})
+        return None, state
 
     def child(self, **changes) -> SamplingParams:
         """A copy with ``changes`` (an n child's seed, logprobs: vLLM's child sampling params) that shares this one's
@@ -121,24 +130,32 @@ class SamplingParams:
         """The fields as a request sends them (vLLM's names), without what ``validate`` remembers."""
         bare = copy.copy(self)
         bare._checked_lists = ()
-        return {name: value for name, value in asdict(bare).items() if name != "_checked_lists"}
+        fields = {name: value for name, value in asdict(bare).items() if name != "_checked_lists"}
+        for name, plain in (("stop_token_ids", list), ("allowed_token_ids", list), ("logit_bias", dict)):
+            if fields[name] is not None:  # the read-only copies as the list and dict a request sends
+                fields[name] = plain(fields[name])
+        return fields
 
     @property
     def largest_token_id(self) -> int:
         """The largest token id of logit_bias, allowed_token_ids and stop_token_ids as ``validate`` last saw them
         (-1: none)."""
-        return self._checked_lists[2] if self._lists_unchanged() else self._remember_lists()
+        return self._checked()[2]
 
     def stop_set(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
         """``eos_token_ids`` and the stop token ids as one set: any of them ends the request (made once for the copies
         that share the lists)."""
-        if not self._lists_unchanged():
-            self._remember_lists()
-        sets = self._checked_lists[3]
+        sets = self._checked()[3]
         found = sets.get(eos_token_ids)
         if found is None:
             found = sets[eos_token_ids] = eos_token_ids | frozenset(self.stop_token_ids)
         return found
+
+    def _checked(self) -> tuple:
+        """What ``validate`` remembers of the token lists, validating lists assigned since (raises for bad ones)."""
+        if not self._lists_unchanged():
+            self.validate()
+        return self._checked_lists
 
     def _token_lists(self) -> tuple:
         return self.logit_bias, self.allowed_token_ids, self.stop_token_ids
@@ -148,11 +165,18 @@ class SamplingParams:
         return bool(checked) and all(a is b and (a is None or len(a) == n)
                                      for a, b, n in zip(checked[0], self._token_lists(), checked[1], strict=True))
 
-    def _remember_lists(self) -> int:
+    def _remember_lists(self) -> None:
+        """Keep read-only copies of the checked lists (read_only_lists.py: what was checked stays what the engine
+        reads), and what the copies that share them need."""
+        # token ids are a set of the vocabulary's: a list repeating them costs each step what its distinct ids cost
+        self.stop_token_ids = read_only_ids(self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = read_only_ids(self.allowed_token_ids)
+        if self.logit_bias is not None:
+            self.logit_bias = read_only_bias(self.logit_bias)
         lists = self._token_lists()
         largest = max((max(ids, default=-1) for ids in lists if ids), default=-1)
         self._checked_lists = (lists, tuple(-1 if ids is None else len(ids) for ids in lists), largest, {})
-        return largest
 
     def validate(self) -> None:
         """Raise SamplingParamsError naming the first invalid field (the engine re-checks params it is handed:

@@ -17,6 +17,7 @@ from kvmesh.replica.openai.protocol import CompletionRequest
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.server.parallel_sampling import params_per_prompt, plan_candidates
 from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.read_only_lists import TokenBias
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.worker.input_batch import InputBatch
@@ -88,8 +89,8 @@ def test_a_refilled_row_takes_the_lists_of_its_new_request():
     assert md.logit_bias is None and Sampler()(torch.zeros(1, vocab), md).tolist() == [9]
 
 
-class CountedBias(dict):
-    """A logit_bias that counts how often its entries are walked."""
+class CountedBias(TokenBias):
+    """A (read-only) logit_bias that counts how often its entries are walked."""
 
     walks = 0
 

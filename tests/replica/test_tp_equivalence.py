@@ -37,11 +37,12 @@ def engine_config(path, tp: int) -> EngineConfig:
                         tensor_parallel_size=tp, max_num_batched_tokens=48)
 
 
-def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 12) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 12,
+           params: list[SamplingParams] | None = None) -> list[list[int]]:
+    params = params or [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)] * len(prompts)
     outs: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
-        engine.add_request(EngineRequest(str(i), p, params))
+        engine.add_request(EngineRequest(str(i), p, params[i]))
         if i == 0:  # finish the first so the second request hits its cached prefix
             while engine.has_unfinished_requests():
                 outs.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
@@ -50,9 +51,9 @@ def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 12) ->
     return [outs[str(i)] for i in range(len(prompts))]
 
 
-def tp1_tokens(path) -> list[list[int]]:
+def tp1_tokens(path, params: list[SamplingParams] | None = None) -> list[list[int]]:
     config = engine_config(path, 1)
-    return greedy(LLMEngine(config, model_runner=ModelRunner(config), skip_tokenizer_init=True), PROMPTS)
+    return greedy(LLMEngine(config, model_runner=ModelRunner(config), skip_tokenizer_init=True), PROMPTS, params=params)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,18 @@ def test_tp2_matches_tp1_on_random_gqa_model(tp2, gqa_path):
     tp2.reload(engine_config(gqa_path, 2))  # same ranks and process group, another model
     engine = LLMEngine(engine_config(gqa_path, 2), model_runner=tp2, skip_tokenizer_init=True)
     assert greedy(engine, PROMPTS) == tp1_tokens(gqa_path)
+
+
+def test_tp2_matches_tp1_with_token_lists_shared_by_children(tp2, stories_path):
+    """Each rank unpickles the requests' (read-only) token lists, shared by children, resent with every chunk."""
+    tp2.reload(engine_config(stories_path, 2))
+    base = SamplingParams(temperature=0.0, max_tokens=12, logit_bias={t: 3.0 for t in range(60, 90)},
+                          allowed_token_ids=list(range(40, 200)), min_tokens=6, stop_token_ids=[61, 70])
+    params = [base, base.child(seed=1), SamplingParams(temperature=0.0, max_tokens=8), base.child(seed=2)]
+    engine = LLMEngine(engine_config(stories_path, 2), model_runner=tp2, skip_tokenizer_init=True)
+    tokens = greedy(engine, PROMPTS, params=params)
+    assert tokens == tp1_tokens(stories_path, params)
+    assert all(40 <= t < 200 for t in tokens[0] + tokens[1] + tokens[3])
 
 
 def test_dead_rank_fails_the_step_fast_and_marks_the_group_down(tp2, gqa_path, ray_session):
