@@ -1,4 +1,5 @@
-"""A dispatched request's place in its replica's load (router/routing/load.py), counted in one place.
+"""A dispatched request's place in its replica's load (router/routing/load.py), counted in one place: one slot per
+sequence it runs there (``RouteDecision.sequences``: a chat's n, a completion's prompts x the larger of n and best_of).
 
     with InFlight(router, decision, prompt_tokens) as flight:  # on_dispatch
         opened = ...                                            # the attempt
