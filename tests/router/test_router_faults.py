@@ -166,7 +166,7 @@ def test_a_whole_answer_cut_mid_body_is_tried_on_another_replica(fakes, start_ro
 
 @pytest.mark.parametrize("body, completion", [
     ({"prompt": "hi", "max_tokens": 100000}, 100000),
-    ({"prompt": [5] * 601}, 0),                                        # the prompt alone overflows
+    ({"prompt": [5] * 601}, 16),  # the prompt alone overflows; a completion's max_tokens is 16 unless sent
 ])
 def test_a_context_overflow_is_worded_as_vllm_words_it(keyed_router, tokenizer, body, completion):
     """Clients (lm-eval, agent frameworks) recognise vLLM's sentence; kvmesh's advice follows it."""
