@@ -219,7 +219,7 @@ class CompletionRequest(SamplingFields, RefusedCompletionFields):
         p = self.prompt
         batch = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
         each = max(self.n, self.best_of or 1)  # sequences the engine runs per prompt
-        if len(batch) * each > MAX_CHOICES:  # admission counts a request once: it must fit a replica's slots
+        if len(batch) * each > MAX_CHOICES:  # each takes a replica slot; admission lets a request go at one free
             field = "prompt" if each == 1 else "n" if each == self.n else "best_of"
             raise ProtocolError(f"{len(batch)} prompts x {each} choices are {len(batch) * each} sequences; send at "
                                 f"most {MAX_CHOICES} per request", param=field)
