@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.kvcache.hashing import check_salt_secret
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
+from kvmesh.replica.openai.responses_api.store_config import ResponsesStoreConfig
 from kvmesh.replica.serving.model_names import split_served_names
 from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.replicas.spec import (
@@ -167,6 +168,9 @@ class RouterConfig:
     transfers: KVPlacementRules = field(default_factory=KVPlacementRules, metadata={"prefix": ""})
     """KV that moves between replicas: the prefill/decode split and peer pulls (--pd-min-uncached-tokens,
     --peer-pulls ...; router/routing/kv_placement.py)."""
+    responses: ResponsesStoreConfig = field(default_factory=ResponsesStoreConfig, metadata={"prefix": "responses"})
+    """Where stored responses of the Responses API live: a SQLite file every router process of this host shares,
+    or PostgreSQL for routers on several hosts (--responses-path, --responses-dsn)."""
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     """Overload: the router's queue per model by priority and fair share, tenants (a keys file or the request's
     user), token-rate limits, TTFT deadlines, 429 with a reason (router/admission; --admission-keys-file ...)."""

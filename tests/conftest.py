@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .file_order import load_seconds, longest_first
+from .postgres_server import postgres  # noqa: F401 (the fixture: a real PostgreSQL server for the session)
 from .signal_guard import (  # noqa: F401 (the fixtures: autouse)
     signal_dispositions_kept,
     signal_handlers_restored,
@@ -225,4 +226,16 @@ def small_kv_cache_on_cuda():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ModelRunner, "profiled_kv_budget", capped)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_state_directory(tmp_path_factory):
+    """Routers the tests start (in this process or as children) keep their stored responses in a state directory of
+    this session's, not the user's (replica/openai/responses_api/store_config.py); a test that wants one of its own
+    sets ``router.responses.path``."""
+    from kvmesh.replica.openai.responses_api.store_config import STATE_DIR_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(STATE_DIR_ENV, str(tmp_path_factory.mktemp("kvmesh-state")))
         yield

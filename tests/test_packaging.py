@@ -64,7 +64,8 @@ def test_console_script_prints_help():
 # Distributions kvmesh never imports by name but needs: (name -> why). None today: uvloop and
 # httptools, once only uvicorn's, are imported by the router's own HTTP server (router/http/).
 USED_INDIRECTLY: dict[str, str] = {}
-IMPORT_NAMES = {"pyzmq": "zmq", "pyyaml": "yaml", "prometheus-client": "prometheus_client", "flash-attn": "flash_attn"}
+IMPORT_NAMES = {"pyzmq": "zmq", "pyyaml": "yaml", "prometheus-client": "prometheus_client", "flash-attn": "flash_attn",
+                "psycopg-pool": "psycopg_pool"}
 
 
 def _requirement_name(req: str) -> str:

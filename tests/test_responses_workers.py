@@ -1,12 +1,14 @@
 """Several router processes (``router_workers``) share their stored responses: a conversation stored through one
-worker is read and continued through another, and the shared directory goes when the workers stop."""
+worker is read and continued through another, and the file they share keeps it after the workers stop."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
+from kvmesh.replica.openai.responses_api.sqlite_store import SQLiteResponseStore
+from kvmesh.replica.openai.responses_api.store import StoredResponse
+from kvmesh.replica.openai.responses_api.store_config import ResponsesStoreConfig
 from kvmesh.router.control.workers import WORKER_HEADER, router_workers
 
 from . import responses_cluster
@@ -25,11 +27,12 @@ def create(port: int, **body) -> httpx.Response:
     return r
 
 
-def test_a_conversation_stored_by_one_worker_is_continued_by_another(cluster, stories_path):
-    config = cluster.config(model=str(stories_path), tokenizer=str(stories_path), workers=2)
+def test_a_conversation_stored_by_one_worker_is_continued_by_another(cluster, stories_path, tmp_path):
+    shared = tmp_path / "responses.sqlite3"
+    config = cluster.config(model=str(stories_path), tokenizer=str(stories_path), workers=2,
+                            responses=ResponsesStoreConfig(path=str(shared)))
     assert config.frontend.chat_template == CHATML_TOOLS_TEMPLATE == FRONTEND.chat_template
     pool = router_workers(config, cluster.specs, 2).start()
-    shared = Path(pool.on_stop[0].args[0])
     try:
         deadline = time.monotonic() + 120
         while True:  # until both workers answer (each starts its own router)
@@ -49,7 +52,9 @@ def test_a_conversation_stored_by_one_worker_is_continued_by_another(cluster, st
         read = httpx.get(f"http://127.0.0.1:{pool.port}/v1/responses/{others[0].json()['id']}", headers=AUTH,
                          timeout=30)
         assert read.status_code == 200 and read.json()["previous_response_id"] == root.json()["id"]
-        assert shared.is_dir()
     finally:
         pool.stop(timeout_s=10)
-    assert not shared.exists()
+    kept = SQLiteResponseStore(FRONTEND, str(shared))  # what a restarted router opens
+    assert isinstance(kept.get("ann", others[0].json()["id"]), StoredResponse)
+    assert kept.get("bob", others[0].json()["id"]) is None
+    kept.close()

@@ -60,6 +60,9 @@ class FrontendConfig:
     """Bytes of stored responses of all tenants together; the least recently used of any tenant go first."""
     responses_max_age_s: float = 24 * 3600.0
     """Seconds a stored response stays unused (not stored, read or continued) before it is dropped."""
+    responses_max_expired_per_tenant: int = 10_000
+    """Stored responses gone for a bound (age, bytes) whose owner is still told they expired rather than 404 not
+    found, per tenant (each note kept as long as a response would be); older notes go first."""
     reasoning_parser: str | None = None
     """How the model writes its reasoning: "deepseek_r1" or "qwen3" (vLLM's --reasoning-parser); chat answers carry
     it as reasoning_content, their content, tool calls and structured outputs being the answer after it."""
@@ -70,6 +73,7 @@ class FrontendConfig:
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_prompt_chars", "render_threads", "max_header_bytes", "max_headers",
                      "max_request_line_bytes", "responses_max_bytes_per_tenant", "responses_max_bytes",
+                     "responses_max_expired_per_tenant",
                      "max_grammar_chars", "max_choices", "max_schema_depth", "max_tools"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -22,7 +22,7 @@ from kvmesh.replica.openai.body import parse_off_loop, read_request
 from kvmesh.replica.openai.protocol import ChatCompletionRequest
 from kvmesh.replica.openai.responses_api.request import ResponsesRequest
 from kvmesh.replica.openai.responses_api.service import Answer, ResponsesService
-from kvmesh.replica.openai.responses_api.store import ResponseStore
+from kvmesh.replica.openai.responses_api.sqlite_store import SQLiteResponseStore
 from kvmesh.replica.serving.json_types import JSONObject
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ async def _text(chunks: AsyncIterator[str | bytes]) -> AsyncIterator[bytes]:
 
 def install_responses_routes(app: FastAPI, state: ServerState, handlers: OpenAIHandlers) -> None:
     """Add the routes of the module doc to a replica's app."""
-    service = ResponsesService(ResponseStore(state.frontend), lambda: state.model_name)
+    service = ResponsesService(SQLiteResponseStore(state.frontend), lambda: state.model_name)
 
     @app.post("/v1/responses")
     async def create(http: Request):

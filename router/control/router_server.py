@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.openai.responses_api.service import ResponsesService
-from kvmesh.replica.openai.responses_api.store import ResponseStore
+from kvmesh.replica.openai.responses_api.store import open_store
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
 from kvmesh.router.control.runtime import RouterRuntime
@@ -53,8 +53,10 @@ class RouterServer:
         forwarder, auth = Forwarder(self.runtime.plane), auth_rule(config, self.runtime.tenants)
         self.door = Door(proxied_routes(forwarder, auth, served_model(config)), self.app, config.frontend, extra_headers)
         """Where every request enters (router/http/door.py)."""
-        self.responses = ResponsesService(ResponseStore(config.frontend), lambda: served_model(config))
-        """``/v1/responses`` (router/http/responses_routes.py); its store is this process's until ``share_responses``."""
+        self.responses = ResponsesService(open_store(config.responses, config.frontend), lambda: served_model(config))
+        """``/v1/responses`` (router/http/responses_routes.py); its store is the database ``config.responses`` names,
+        shared by every router that names it (replica/openai/responses_api/store.py)."""
+        logger.info("stored responses: %s", config.responses.where())
         ResponsesRoutes(forwarder, auth, self.responses, self.runtime.tenants, served_model(config)).install(self.door)
         self.door.on_error = error_counter(self.runtime)
         self.companions: list[Companion] = []
@@ -63,12 +65,6 @@ class RouterServer:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-
-    def share_responses(self, path: str) -> None:
-        """Keep stored responses in the SQLite file at ``path``, which the other router processes of this host open
-        too (router/control/workers.py): a continuation finds its conversation whichever process it reaches."""
-        self.responses.store.close()
-        self.responses.store = ResponseStore(self.config.frontend, path)
 
     @property
     def url(self) -> str:
@@ -95,6 +91,7 @@ class RouterServer:
                 started.set()
             await self._stop.wait()
             await self.door.shutdown(graceful_s, self._drain_s)
+        self.responses.close()
 
     def request_stop(self, drain_s: float | None = None) -> None:
         """Stop serving (thread-safe); ``drain_s`` replaces the drain period given to ``serve``."""

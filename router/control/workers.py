@@ -21,10 +21,10 @@ router, serve it on the inherited socket; responses carry ``x-kvmesh-router-work
 SIGTERM a worker stops accepting and for ``drain_s`` answers what still arrives on its open
 connections with ``Connection: close``, then finishes its in-flight requests (SIGINT skips the drain).
 ``RouterWorkers`` takes any picklable ``serve(sock, worker_index)`` callable. ``router_workers`` joins the workers' load views through
-shared memory (router/routing/shared_loads.py: each sees every worker's in-flight requests), keeps their stored
-responses in one SQLite file in shared memory (replica/openai/responses_api/store.py: a continuation by ``previous_response_id`` finds
-its conversation whichever worker takes it) and, inside ``kvmesh serve``, makes them follow serve's control router
-(router/control/follow.py).
+shared memory (router/routing/shared_loads.py: each sees every worker's in-flight requests) and, inside
+``kvmesh serve``, makes them follow serve's control router (router/control/follow.py). Their stored responses are
+the database ``router.responses`` names, which every worker opens (replica/openai/responses_api/store.py: a
+continuation by ``previous_response_id`` finds its conversation whichever worker takes it).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import functools
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -43,7 +42,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.openai.responses_api.store import SHARED_FILE, shared_directory
 from kvmesh.router.admission.shared_ledger import SharedLedger
 from kvmesh.router.routing.shared_loads import SharedLoadTable
 
@@ -119,7 +117,7 @@ class RouterWorkers:
         self.table: SharedLoadTable | None = None
         """The workers' ``SharedLoadTable`` when ``router_workers`` made one."""
         self.on_stop: list[Callable[[], object]] = []
-        """Called once every worker has stopped (e.g. to remove the stored responses' directory)."""
+        """Called once every worker has stopped (e.g. to release what they shared)."""
         self.restarts = [0] * num_workers
         """Times each worker was restarted."""
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no locks or threads copied mid-use
@@ -223,15 +221,13 @@ def router_workers(config: RouterConfig, replicas: list[ReplicaSpec] | None, num
     sharing their in-flight counts (router/routing/shared_loads.py); ``control_url``: they follow serve's
     control router for their replica set (router/control/follow.py)."""
     table = SharedLoadTable(num_workers)
-    responses = shared_directory()  # removed when the workers stop
     adm = config.admission  # one ledger: fair share, token buckets and the queue bound are the host's
     ledger = SharedLedger(num_workers, adm.fair_share_half_life_s, adm.max_tenants) if adm.enabled else None
     serve = functools.partial(serve_router, config, replicas,
-                              setup=WorkerSetup(table, control_url, ledger, str(responses / SHARED_FILE)))
+                              setup=WorkerSetup(table, control_url, ledger))
     workers = RouterWorkers(serve, num_workers, config.host, config.port,
                             on_exit=functools.partial(_clear_rows, table, ledger))
     workers.table = table
-    workers.on_stop.append(functools.partial(shutil.rmtree, responses, ignore_errors=True))
     return workers
 
 
@@ -276,13 +272,9 @@ class WorkerSetup:
     """serve's control router, owner of the replica set; None: the worker's set is its own (``kvmesh router``)."""
     ledger: SharedLedger | None = None
     """The host's admission ledger (router/admission/shared_ledger.py); None: admission is off."""
-    responses: str | None = None
-    """The SQLite file of the host's stored responses (``RouterServer.share_responses``); None: each worker's own."""
 
     def __call__(self, server: RouterServer, worker_index: int) -> None:
         server.runtime.router.loads.share(self.table, worker_index)
-        if self.responses is not None:
-            server.share_responses(self.responses)
         if self.ledger is not None and server.runtime.admission is not None:
             server.runtime.admission.share(self.ledger.for_row(worker_index))
         if self.control_url is not None:

@@ -12,7 +12,7 @@ from kvmesh.replica.openai.errors import parse_request
 from kvmesh.replica.openai.responses_api.output import from_chat, response_object
 from kvmesh.replica.openai.responses_api.request import ResponsesRequest
 from kvmesh.replica.openai.responses_api.service import Answer, ResponsesService
-from kvmesh.replica.openai.responses_api.store import ResponseStore
+from kvmesh.replica.openai.responses_api.sqlite_store import SQLiteResponseStore
 from kvmesh.replica.serving.errors import ProtocolError
 
 USAGE = {"prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 32}}
@@ -30,7 +30,7 @@ async def chat_stream(parts: list[bytes]):
 
 
 def run(body: dict, answer: Answer, service: ResponsesService | None = None) -> tuple[Answer, ResponsesService]:
-    service = service or ResponsesService(ResponseStore(FrontendConfig()), lambda: "m")
+    service = service or ResponsesService(SQLiteResponseStore(FrontendConfig()), lambda: "m")
 
     async def call(chat_body: dict) -> Answer:
         return answer

@@ -7,6 +7,10 @@
     retrieve  ``GET /v1/responses/{id}``: the tenant's stored Response, else 404
     delete    ``DELETE /v1/responses/{id}``: the same, then gone
 
+An id that is not the caller's tenant's answers 404 "not found" whether another tenant holds it or none does; one of
+its own that went for a bound (unused too long, evicted for bytes) answers 404 saying it expired and why. A
+database that does not answer is a 503 (a response already computed is answered with ``"store": false``).
+
 A chat error is answered as the Responses API names its fields (``messages`` -> ``input``, ``max_tokens`` ->
 ``max_output_tokens``, ``response_format`` -> ``text.format``).
 """
@@ -26,7 +30,7 @@ from pydantic import JsonValue
 from .events import ResponseEvents, sse_data
 from .output import assistant_message, from_chat, new_id, response_object
 from .request import ResponsesRequest
-from .store import ResponseStore
+from .store import Expired, ResponseStore, StoredResponse, StoreUnavailable
 
 PREFIX = "/v1/responses/"
 """``GET`` and ``DELETE`` take the id after it."""
@@ -63,6 +67,29 @@ def not_found(response_id: str, param: str | None = None) -> ProtocolError:
     return ProtocolError(f"Response with id '{echo(response_id, 64)}' not found.", 404, param=param)
 
 
+EXPIRED_BECAUSE = {"unused": "it was not used (stored, read or continued) for longer than the server keeps responses",
+                   "tenant_bytes": "your stored responses outgrew their bound and it was the least recently used",
+                   "total_bytes": "the server's stored responses outgrew their bound and it was among the least "
+                                  "recently used"}
+"""``Expired.reason`` -> what its owner is told."""
+
+
+def expired(response_id: str, gone: Expired, param: str | None = None) -> ProtocolError:
+    """What the owner of a response that went for a bound is told (a 404, as OpenAI's SDKs expect of a response
+    that is no more)."""
+    because = EXPIRED_BECAUSE.get(gone.reason, gone.reason)
+    return ProtocolError(f"Response with id '{echo(response_id, 64)}' expired: {because}. Store it again by "
+                         "sending its conversation as input.", 404, param=param)
+
+
+def lookup_error(response_id: str, found: Expired | None, param: str | None = None) -> ProtocolError:
+    return expired(response_id, found, param) if isinstance(found, Expired) else not_found(response_id, param)
+
+
+UNAVAILABLE = "the stored responses' database did not answer; retry shortly"
+"""A 503's message when the store raised ``StoreUnavailable`` (what failed is in the router's log)."""
+
+
 class ResponsesService:
     """Create, retrieve and delete responses (module doc) over ``store``."""
 
@@ -73,19 +100,28 @@ class ResponsesService:
         self._io = ThreadPoolExecutor(1, thread_name_prefix="kvmesh-responses")
         """The store's one thread (SQLite serializes its writes anyway): a flood of requests costs no threads."""
 
+    def close(self) -> None:
+        """Release the store (its database connections) once nothing calls it."""
+        self._io.shutdown(wait=True)
+        self.store.close()
+
     async def _stored(self, call: Callable, *args: object):
-        """``call(*args)`` on the store's thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
+        """``call(*args)`` on the store's thread; a database that does not answer is a 503."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
+        except StoreUnavailable:
+            raise ProtocolError(UNAVAILABLE, 503) from None
 
     async def retrieve(self, tenant: str, response_id: str) -> JSONObject:
         stored = await self._stored(self.store.get, tenant, response_id)
-        if stored is None:
-            raise not_found(response_id)
+        if not isinstance(stored, StoredResponse):
+            raise lookup_error(response_id, stored)
         return stored.response
 
     async def delete(self, tenant: str, response_id: str) -> JSONObject:
-        if not await self._stored(self.store.delete, tenant, response_id):
-            raise not_found(response_id)
+        deleted = await self._stored(self.store.delete, tenant, response_id)
+        if deleted is not True:
+            raise lookup_error(response_id, deleted or None)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     async def create(self, req: ResponsesRequest, tenant: str, chat: ChatCall) -> Answer:
@@ -94,8 +130,8 @@ class ResponsesService:
         history: list[JsonValue] = []
         if req.previous_response_id is not None:
             stored = await self._stored(self.store.get, tenant, req.previous_response_id)
-            if stored is None:
-                raise not_found(req.previous_response_id, "previous_response_id")
+            if not isinstance(stored, StoredResponse):
+                raise lookup_error(req.previous_response_id, stored, "previous_response_id")
             history = stored.conversation
         model = req.model or self.model_name()
         body = req.chat_body(history)
@@ -119,9 +155,11 @@ class ResponsesService:
         if not req.store or response["status"] == "failed":
             return response
         whole = [*conversation, assistant_message(response["output"])]
-        if not await self._stored(self.store.put, tenant, response, whole):
-            return {**response, "store": False}
-        return response
+        try:
+            kept = await self._stored(self.store.put, tenant, response, whole)
+        except ProtocolError:  # the database did not answer: the answer is the client's all the same
+            kept = False
+        return response if kept else {**response, "store": False}
 
     async def _events(self, req: ResponsesRequest, tenant: str, response: JSONObject, conversation: list[JsonValue],
                       chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

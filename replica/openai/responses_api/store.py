@@ -1,4 +1,4 @@
-"""Stored responses: per tenant, bounded in bytes and in age, shareable between processes.
+"""Stored responses: per tenant, bounded in bytes and in age, in a database that outlives the router.
 
 A stored response keeps its Response object and its whole conversation (the chat messages a continuation renders
 before its own input: earlier turns and this one's input and output), so continuing it is one read and evicting
@@ -11,45 +11,31 @@ Bounds (``FrontendConfig``'s ``responses_*`` fields), applied on every store:
   recently used ones first; one larger than the bound alone is not stored (the answer says ``"store": false``);
 - all tenants together hold at most ``responses_max_bytes``: the least recently used of any tenant go first.
 
-The rows live in SQLite: in this process's memory (``path`` None), or in a file that several processes open
-together (the router's workers: router/control/workers.py), each write one transaction under SQLite's lock.
+A response that aged out or was evicted leaves a note (``Expired``, kept as long as a response would be, at most
+``responses_max_expired_per_tenant`` per tenant), so its owner is told it expired rather than that it never was;
+another tenant still finds nothing.
+
+``ResponseStore`` is the interface; the bounds are written once in portable SQL (sql_store.py) over SQLite
+(sqlite_store.py: in memory, or a file every router process of a host shares) and PostgreSQL (postgres_store.py:
+routers on several hosts). ``open_store`` picks one from the router's ``responses`` section (store_config.py).
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import tempfile
-import threading
-import time
-from collections.abc import Callable
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import msgspec
-from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.json_types import JSONObject
 from pydantic import JsonValue
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, used REAL NOT NULL,
-                                      size INTEGER NOT NULL, response BLOB NOT NULL, conversation BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS responses_tenant_used ON responses (tenant, used);
-CREATE INDEX IF NOT EXISTS responses_used ON responses (used);
-CREATE TABLE IF NOT EXISTS tenant_bytes (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
-"""
-SHARED_FILE = "responses.sqlite3"
-"""The store's file name in ``shared_directory()``."""
-LOCK_WAIT_S = 10.0
-"""Seconds a write waits for another process's write to the same file."""
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.config import FrontendConfig
 
+    from .store_config import ResponsesStoreConfig
 
-def shared_directory() -> Path:
-    """A private directory (mode 0700) for a store that several processes share: in shared memory (/dev/shm) where
-    the host has it, else the temporary directory; its creator removes it."""
-    shm = Path("/dev/shm")
-    where = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="kvmesh-responses-", dir=where))
+UNUSED, TENANT_BYTES, TOTAL_BYTES = "unused", "tenant_bytes", "total_bytes"
+"""Why a response went (``Expired.reason``): unused for the max age; its tenant's bytes bound; all tenants' bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,117 +46,63 @@ class StoredResponse:
     """The chat messages up to and including this response's output."""
 
 
-class ResponseStore:
-    """Stored responses (module doc); thread-safe, and process-safe on a file."""
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """One of the tenant's responses that is gone for a bound (not deleted by its owner)."""
 
-    def __init__(self, config: FrontendConfig, path: str | None = None, clock: Callable[[], float] = time.time) -> None:
-        self.max_bytes_per_tenant = config.responses_max_bytes_per_tenant
-        self.max_bytes = config.responses_max_bytes
-        self.max_age_s = config.responses_max_age_s
-        self.path = path
-        """The SQLite file several processes share; None: this process's memory."""
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path or ":memory:", timeout=LOCK_WAIT_S, isolation_level=None,
-                                   check_same_thread=False)
-        if path is not None:
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
+    reason: str
+    """``UNUSED``, ``TENANT_BYTES`` or ``TOTAL_BYTES``."""
+    at: float
+    """When it went (the store's clock, Unix seconds)."""
 
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
-    # ---------------------------------------------------------------- reads
-    def get(self, tenant: str, response_id: str) -> StoredResponse | None:
-        """``tenant``'s response ``response_id`` (None: none of this tenant's, or too old); it counts as used."""
-        now = self.clock()
-        with self._lock:
-            row = self._db.execute("SELECT response, conversation FROM responses WHERE id = ? AND tenant = ? AND "
-                                   "used >= ?", (response_id, tenant, now - self.max_age_s)).fetchone()
-            if row is None:
-                return None
-            self._db.execute("UPDATE responses SET used = ? WHERE id = ?", (now, response_id))
-        return StoredResponse(msgspec.json.decode(row[0]), msgspec.json.decode(row[1]))
+class StoreUnavailable(OSError):
+    """The database did not answer (a file that cannot be opened, PostgreSQL down, no free connection in time)."""
 
+
+class ResponseStore(ABC):
+    """Stored responses (module doc). Every call may raise ``StoreUnavailable``."""
+
+    @abstractmethod
+    def get(self, tenant: str, response_id: str) -> StoredResponse | Expired | None:
+        """``tenant``'s response ``response_id`` (it counts as used); ``Expired`` if it went for a bound; None: none
+        of this tenant's."""
+
+    @abstractmethod
+    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue]) -> bool:
+        """Store ``response`` for ``tenant`` within the bounds; False: larger than a bound alone."""
+
+    @abstractmethod
+    def delete(self, tenant: str, response_id: str) -> bool | Expired:
+        """Delete ``tenant``'s response ``response_id``: True; ``Expired`` if it had gone already (its note is
+        dropped too); False: none of this tenant's."""
+
+    @abstractmethod
     def tenant_bytes(self, tenant: str) -> int:
         """Bytes ``tenant``'s stored responses hold."""
-        with self._lock:
-            row = self._db.execute("SELECT bytes FROM tenant_bytes WHERE tenant = ?", (tenant,)).fetchone()
-        return row[0] if row else 0
 
+    @abstractmethod
     def total_bytes(self) -> int:
-        with self._lock:
-            return self._total()
+        """Bytes all tenants' stored responses hold."""
 
-    # ---------------------------------------------------------------- writes
-    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue]) -> bool:
-        """Store ``response`` for ``tenant`` within the bounds (module doc); False: larger than a bound alone."""
-        body, history = msgspec.json.encode(response), msgspec.json.encode(conversation)
-        size = len(body) + len(history)
-        now = self.clock()
-        if size > min(self.max_bytes_per_tenant, self.max_bytes):
-            return False
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._drop("used < ?", (now - self.max_age_s,))
-                self._evict("tenant = ?", (tenant,), self._tenant(tenant) + size - self.max_bytes_per_tenant)
-                self._evict("1", (), self._total() + size - self.max_bytes)
-                self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                                 (response["id"], tenant, now, size, body, history))
-                self._add(tenant, size)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return True
+    @abstractmethod
+    def close(self) -> None:
+        """Release the database (its connections)."""
 
-    def delete(self, tenant: str, response_id: str) -> bool:
-        """Delete ``tenant``'s response ``response_id``; False: it had none of that id."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                dropped = self._drop("id = ? AND tenant = ?", (response_id, tenant))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return dropped > 0
 
-    # ---------------------------------------------------------------- inside a transaction
-    def _tenant(self, tenant: str) -> int:
-        row = self._db.execute("SELECT bytes FROM tenant_bytes WHERE tenant = ?", (tenant,)).fetchone()
-        return row[0] if row else 0
+def open_store(where: ResponsesStoreConfig, bounds: FrontendConfig) -> ResponseStore:
+    """The router's store: PostgreSQL when ``where.dsn`` is set (psycopg imported only then), else the SQLite file
+    (its directory made private, 0700, when it is the state directory's)."""
+    if where.dsn is not None:
+        from .postgres_store import PostgresResponseStore
 
-    def _total(self) -> int:
-        return self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM tenant_bytes").fetchone()[0]
+        return PostgresResponseStore(bounds, where.dsn, where.pool_size, where.busy_timeout_s)
+    from .sqlite_store import SQLiteResponseStore
 
-    def _add(self, tenant: str, size: int) -> None:
-        self._db.execute("INSERT INTO tenant_bytes VALUES (?, ?) ON CONFLICT(tenant) DO UPDATE SET bytes = bytes + ?",
-                         (tenant, size, size))
-        self._db.execute("DELETE FROM tenant_bytes WHERE bytes <= 0")
-
-    def _drop(self, where: str, args: tuple) -> int:
-        """Delete the rows ``where`` says, their bytes off their tenants' totals; how many."""
-        rows = self._db.execute(f"SELECT tenant, SUM(size), COUNT(*) FROM responses WHERE {where} GROUP BY tenant",
-                                args).fetchall()
-        if not rows:
-            return 0
-        self._db.execute(f"DELETE FROM responses WHERE {where}", args)
-        for tenant, size, _ in rows:
-            self._add(tenant, -size)
-        return sum(count for _, _, count in rows)
-
-    def _evict(self, where: str, args: tuple, excess: int) -> None:
-        """Delete the least recently used rows ``where`` says until ``excess`` bytes are gone."""
-        while excess > 0:
-            rows = self._db.execute(f"SELECT id, size FROM responses WHERE {where} ORDER BY used, rowid LIMIT 64",
-                                    args).fetchall()
-            if not rows:
-                return
-            for response_id, size in rows:
-                self._drop("id = ?", (response_id,))
-                excess -= size
-                if excess <= 0:
-                    return
+    path = where.sqlite_path()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreUnavailable(f"cannot make {path.parent} for the stored responses: {e.strerror}; set "
+                               "router.responses.path (--responses-path) or KVMESH_STATE_DIR") from None
+    return SQLiteResponseStore(bounds, str(path), busy_timeout_s=where.busy_timeout_s)
