@@ -6,7 +6,8 @@
 
 Works in front of kvmesh replicas and of vLLM servers started with KV events on
 (``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'``). A replica
-without ``events=`` is routed by load only. The settings are the ``router:`` section of
+without ``events=`` is followed at the event endpoints its ``/server_info`` advertises (kvmesh replicas do), else
+routed by load only (the log and ``/replicas`` say which). The settings are the ``router:`` section of
 ``kvmesh serve``'s config (same YAML keys, KVMESH_ROUTER_* variables and flags).
 """
 
@@ -67,6 +68,10 @@ def run(args) -> int:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
     logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,
                  len(specs), config.policy, config.workers)
+    for spec in specs:
+        if not spec.events:
+            logging.info("replica %s: no events= given; following the KV event endpoints its /server_info "
+                         "advertises once it answers, else routing it by load only", spec.replica_id)
     return server.run() or 0
 
 

@@ -5,8 +5,9 @@ enough (passive_health.py, which also reads each ``/load`` for signs that the re
 (replica/serving/load_report.py); another server's load JSON is read by its keys (``ReplicaLoad.update_report``).
 Its ``kv_transfer`` object (KV transfer on, the measured pull rate: router/routing/kv_placement.py prices peer
 pulls with it) is read whatever the report's kind. ``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
-tokenizer and chat-template fingerprint; else it is routed by load only) and which body it takes
-(router/http/token_forwarding.py).
+tokenizer and chat-template fingerprint; else it is routed by load only), which body it takes
+(router/http/token_forwarding.py) and, for a replica registered without them, its event endpoints
+(router/control/event_discovery.py).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
-from kvmesh.router.config import RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.control.event_discovery import advertised_spec
 from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 from kvmesh.router.replicas.load import ForeignLoad
@@ -45,6 +48,8 @@ class ReplicaProbes:
         health, the KV peers and the models; ``calls``: the router's client (its control pool)."""
         self.config, self.router, self.calls, self.feed = config, router, calls, feed
         self.health, self.kv_peers, self.models = health, kv_peers, models
+        self.follow_advertised: Callable[[Replica, ReplicaSpec], None] | None = None
+        """Re-registers a replica with the event endpoints it advertises (the runtime's); None: not followed."""
         self._poller: asyncio.Task | None = None
 
     @property
@@ -95,6 +100,8 @@ class ReplicaProbes:
         elif ok and not was and not replica.draining:
             logger.info("replica %s is healthy", rid)
             await self.check_compatible(replica)
+            if replica.removed:
+                return ok  # re-registered with the event endpoints it advertises: the new record is probed
             await self.kv_peers.before_healthy(replica)  # its pull peers (and it among the others') first
             self.router.set_healthy(replica, True)
         elif turned_on and was:
@@ -133,10 +140,26 @@ class ReplicaProbes:
         if not replica.removed and replica.spec is spec:
             replica.accepts = upstream_kind(info, tokenizer)
         self.check_salt_secret(replica, info)
+        self.check_events(replica, info)
+        if replica.removed:
+            return
         reason = incompatibility(info, self.config.block_size, tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", replica.id, reason)
             self.router.set_degraded(replica, reason, INCOMPATIBLE)
+
+    def check_events(self, replica: Replica, info: ServerInfo | None) -> None:
+        """A replica registered without event endpoints: follow those it advertises (router/control/
+        event_discovery.py), else say that it is routed without its events."""
+        spec = replica.spec
+        if spec is None or spec.events or replica.removed:
+            return
+        advertised = advertised_spec(spec, info)
+        if advertised is not None and self.follow_advertised is not None:
+            self.follow_advertised(replica, advertised)
+            return
+        logger.warning("replica %s is routed without its KV events (by load only): none given (--replica "
+                       "URL,events=tcp://HOST:PORT) and its /server_info advertises none", replica.id)
 
     def check_salt_secret(self, replica: Replica, info: ServerInfo | None) -> None:
         """Note whether ``replica`` hashes salted prompts with the router's salt secret; warn when it does not."""

@@ -24,6 +24,9 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Its KV event stream (ZeroMQ PUB endpoint); None: routed by load only."""
     replay: str | None
     """Its replay/snapshot endpoint; None: gaps are not recovered."""
+    events_source: str
+    """Where ``events`` came from: ``given`` (its --replica spec or registration), ``advertised`` (its
+    ``/server_info``), ``none`` (routed without its events: by load only)."""
     healthy: bool
     """It answers ``/health`` and gets requests."""
     draining: bool
@@ -81,6 +84,7 @@ def replica_row(replica: Replica, now: float) -> ReplicaRow:
     spec, health, load, served = replica.spec, replica.health, replica.load, replica.served
     ejected_until = health.ejected_until
     return ReplicaRow(id=replica.id, url=spec.url, role=spec.role, events=spec.events, replay=spec.replay,
+                      events_source=replica.events_source,
                       healthy=replica.healthy, draining=replica.draining, degraded=replica.degraded_reason,
                       in_flight=load.total_in_flight, prefill_backlog=load.prefill_backlog,
                       running=load.num_running + load.num_waiting,

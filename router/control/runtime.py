@@ -128,6 +128,7 @@ class RouterRuntime:
         """LoRA adapters loaded on replicas that lack them, and the admin's load calls (adapter_loads.py)."""
         self.probes = ReplicaProbes(config, router, calls, self.feed, self.health, self.kv_peers, self.models)
         """Probes every replica's /health and /load, and /server_info when it becomes healthy (probes.py)."""
+        self.probes.follow_advertised = self._follow_advertised
 
     @property
     def subscriber(self) -> EventSubscriber | None:
@@ -190,13 +191,20 @@ class RouterRuntime:
     def add_replica(self, spec: ReplicaSpec) -> Replica:
         """Register a replica, or re-register it with new endpoints (its tree is dropped then); its record."""
         old = self.replicas.get(spec.replica_id)
-        if old is not None and old.spec == spec:
-            return old
+        if old is not None and spec in (old.spec, old.advertised_from):  # the same, or the same before its
+            return old                                                    # /server_info named its events
         if old is not None:
             self.remove_replica(spec.replica_id)
         replica = self.router.add_replica(spec.replica_id, healthy=False, role=spec.role, spec=spec)
         logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
         return replica
+
+    def _follow_advertised(self, replica: Replica, advertised: ReplicaSpec) -> None:
+        """Re-register ``replica`` with the event endpoints its /server_info advertises (event_discovery.py)."""
+        given = replica.spec
+        logger.info("replica %s advertises its KV events at %s (replay %s): following them", replica.id,
+                    advertised.events, advertised.replay)
+        self.add_replica(advertised).advertised_from = given
 
     def remove_replica(self, replica_id: str) -> bool:
         """Forget the replica named ``replica_id`` (the admin's and the fleet's word); False: no such replica."""

@@ -5,6 +5,7 @@ admission) keep their logic and read or write these fields, not maps keyed by it
 dropping its record (router/replicas/replica_set.py):
 
     spec, role, state       where it listens, what it does (prefill, decode, both), joining / ready / draining
+    advertised_from         the spec as given, when its event endpoints came from its /server_info
     removed                 dropped from the set while a request still held it
     healthy                 in rotation now (answers /health, not ejected, not draining)
     degraded                why its cache information is not trusted, per cause (routed by load only)
@@ -122,11 +123,22 @@ class Replica:
     learned_slots: LearnedSlots | None = None
     """What admission learned of its slots (router/admission/room.py, named for its type only; the admission gate
     sets it); None: nothing yet."""
+    advertised_from: ReplicaSpec | None = None
+    """The spec it was registered with, without event endpoints, when ``spec``'s came from its ``/server_info``
+    (router/control/event_discovery.py); None: ``spec`` is as given."""
 
     @property
     def prefill_only(self) -> bool:
         """Of role prefill: it prefills for others, never decodes a request."""
         return self.role == PREFILL
+
+    @property
+    def events_source(self) -> str:
+        """Where its event endpoints came from: "given" (its spec), "advertised" (its /server_info), or "none"
+        (routed without its events: by load and the router's own short-lived predictions)."""
+        if self.advertised_from is not None:
+            return "advertised"
+        return "given" if self.spec is not None and self.spec.events else "none"
 
     @property
     def draining(self) -> bool:

@@ -113,6 +113,7 @@ class _Server:
 
 def _row(replica_id: str, draining: bool = False) -> ReplicaRow:
     return ReplicaRow(id=replica_id, url=f"http://127.0.0.1:9/{replica_id}", role="both", events=None, replay=None,
+                      events_source="none",
                       healthy=True, draining=draining, degraded=None, in_flight=0, prefill_backlog=0)
 
 
