@@ -16,6 +16,7 @@ alive and offers ``routers.router_resource`` (when set) and ``routers.router_cpu
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,6 +29,8 @@ from kvmesh.cluster.launch.serve_router import RouterProcesses
 from kvmesh.cluster.launch.supervisor import actor_state
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.router.config import RouterConfig
+
+logger = logging.getLogger(__name__)
 
 NODE_HOSTS = ("auto", "127.0.0.1", "::1", "localhost", "0.0.0.0", "::")
 """router.host values every node can bind (auto: each node's own address)."""
@@ -89,6 +92,7 @@ class NodeRouters(RouterProcesses):
             cfg = self.routers
             resources = {cfg.router_resource: 1.0} if cfg.router_resource else {}
             nodes = router_nodes(ray.nodes(), cfg, self.config.port, self.config.host)
+            _warn_unshared_responses(self.config, ray.nodes(), nodes)
             for index, node_id in enumerate(nodes):
                 self.actors.append(ray.remote(NodeRouter).options(
                     name=ROUTER_NAME.format(index=index), namespace=self.namespace, num_cpus=cfg.router_cpus,
@@ -153,3 +157,13 @@ class NodeRouters(RouterProcesses):
             ray.kill(self.board, no_restart=True)
         self.publisher, self.board = None, None
         self.control.stop()
+
+
+def _warn_unshared_responses(config: RouterConfig, ray_nodes: list[dict], chosen: list[str]) -> None:
+    """Routers on several hosts keep stored responses in each host's SQLite file unless router.responses.dsn names
+    one PostgreSQL database: say so once, at start."""
+    hosts = {n.get("NodeManagerAddress") for n in ray_nodes if n.get("NodeID") in chosen}
+    if config.responses.dsn is None and len(hosts) > 1:
+        logger.warning("routers on %d hosts keep stored responses in each host's own SQLite file: a "
+                       "previous_response_id through another host's router is a 404. Give router.responses.dsn "
+                       "(KVMESH_ROUTER_RESPONSES_DSN) a PostgreSQL database to share them", len(hosts))
