@@ -147,3 +147,13 @@ def test_a_gpu_share_where_no_gpu_is_found_is_an_error_before_ray_starts():
                              "--port", "0", "--http-port", "0", "--event-port", "0"],
                             capture_output=True, text=True, timeout=120)
     _one_line_error(result, "but the replicas run on CPU (no GPU found on this machine)")
+
+
+def test_router_with_a_responses_path_it_cannot_make_is_one_line():
+    result = _kvmesh("router", "--port", "0", "--responses-path", "/proc/kvmesh/responses.sqlite3")
+    _one_line_error(result, "cannot make /proc/kvmesh for the stored responses")
+
+
+def test_router_with_a_dsn_that_is_not_postgresqls_is_one_line():
+    result = _kvmesh("router", "--port", "0", env={"KVMESH_ROUTER_RESPONSES_DSN": "mysql://db/kv"})
+    _one_line_error(result, "responses.dsn must be a PostgreSQL connection string")
