@@ -158,6 +158,13 @@ class _StateCollector:
                 if key != "last_seq":
                     sub.add_metric([rid, key], value)
         yield sub
+        loads = CounterMetricFamily("kvmesh_router_load_feed", "Published load updates per replica: updates (taken), "
+                                    "refused (malformed), throttled (dropped undecoded: beyond the rate, or superseded), "
+                                    "bad_frames, stale (not newer than the last applied)", labels=["replica", "counter"])
+        for rid, counters in state.get("load_feed", {}).items():
+            for key, value in counters.items():
+                loads.add_metric([rid, key], value)
+        yield loads
         lag = GaugeMetricFamily("kvmesh_router_event_lag_last_seconds", "Lag of the last applied batch",
                                 labels=["replica"])
         for rid, value in state["event_lag"].items():
