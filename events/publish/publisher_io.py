@@ -27,9 +27,11 @@ logger = logging.getLogger(__name__)
 def peer_address(frame: zmq.Frame) -> str:
     """The TCP source of a received frame ("" where the transport has none, e.g. ipc)."""
     try:
-        return frame.get("Peer-Address") or ""
+        address = frame.get("Peer-Address")
     except zmq.ZMQError:
         return ""
+    return address if isinstance(address, str) else ""
+
 
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _LAST = int(zmq.NOBLOCK)
