@@ -25,7 +25,12 @@ import zmq
 from kvmesh.events import curve
 from kvmesh.events.load import LOAD_LEASE_S, ReplicaLoadUpdate, decode_load_update
 from kvmesh.events.load_check import admit
-from kvmesh.events.subscribe.load_source import LOAD_RCVHWM, MAX_FRAMES_PER_TURN, LoadSource
+from kvmesh.events.subscribe.load_source import (
+    FRAMES_PER_UPDATE,
+    LOAD_RCVHWM,
+    MAX_FRAMES_PER_TURN,
+    LoadSource,
+)
 from kvmesh.events.wire import END_SEQ, LOAD_REQUEST, LOAD_TAG
 
 __all__ = ["LoadFeed"]
@@ -170,12 +175,13 @@ class LoadFeed:
 
     def _read(self, source: LoadSource) -> None:
         """Read what ``source`` sent (``MAX_FRAMES_PER_TURN`` at most); pass on the newest load update among it."""
-        newest = None
-        for _ in range(MAX_FRAMES_PER_TURN):
+        newest, read = None, 0
+        while read < MAX_FRAMES_PER_TURN:
             try:
                 frames = source.sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
+            read += 1
             if len(frames) == 4 and frames[1] == LOAD_TAG:
                 if newest is not None:
                     source.throttled += 1
@@ -186,10 +192,10 @@ class LoadFeed:
                     self.on_absent(source.name)
             else:
                 source.bad_frames += 1
-        if newest is not None and source.budget.take():
+        # read only with a token left (``_turn``): the turn is paid after, in debt if need be, and the source waits
+        source.budget.spend(read / FRAMES_PER_UPDATE + (newest is not None))
+        if newest is not None:
             self._take(source, newest)
-        elif newest is not None:
-            source.throttled += 1
 
     def _take(self, source: LoadSource, payload: bytes) -> None:
         try:

@@ -3,8 +3,8 @@
 A source's frames are taken in turns: every pending frame is read (at most ``MAX_FRAMES_PER_TURN``: a peer's
 queue holds no more, ``LOAD_RCVHWM``), only the newest load frame of the turn is decoded and checked (an update is
 a whole load: an older one in the same turn says nothing the newest does not), and at most
-``load_updates_per_s`` updates a second are taken from it. A source beyond that is not read until its bucket
-refilled: its flood waits in ZeroMQ's queue and then in its own publisher, and costs this process nothing more.
+``load_updates_per_s`` updates a second are taken from it (every ``FRAMES_PER_UPDATE`` frames read count as one
+more). A source beyond that is not read until its bucket refilled: its flood waits in ZeroMQ's queue and then in its own publisher, and costs this process nothing more.
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from __future__ import annotations
 import zmq
 from kvmesh.events.ratelimit import TokenBucket
 
-__all__ = ["LOAD_RCVHWM", "LoadSource", "MAX_FRAMES_PER_TURN"]
+__all__ = ["FRAMES_PER_UPDATE", "LOAD_RCVHWM", "LoadSource", "MAX_FRAMES_PER_TURN"]
 
 LOAD_RCVHWM = 64
 """Messages ZeroMQ queues for one load DEALER (beyond it the publisher's ROUTER drops what it sends there)."""
 MAX_FRAMES_PER_TURN = 2 * LOAD_RCVHWM
 """Frames read from one source per turn of the feed's loop."""
+FRAMES_PER_UPDATE = 8
+"""Frames read that cost a source as much of its budget as one update decoded (so a flood of frames that are no
+update, or that a newer one superseded, is paced too)."""
 
 
 class LoadSource:
@@ -41,7 +44,7 @@ class LoadSource:
         self.refused = 0
         """Updates refused at intake (malformed: events/load_check.py)."""
         self.throttled = 0
-        """Load frames read and dropped undecoded: older than another of the same turn, or beyond its budget."""
+        """Load frames read and dropped undecoded: another of the same turn was newer."""
         self.bad_frames = 0
         """Frames that are no load update, or undecodable."""
 

@@ -159,7 +159,7 @@ class _StateCollector:
                     sub.add_metric([rid, key], value)
         yield sub
         loads = CounterMetricFamily("kvmesh_router_load_feed", "Published load updates per replica: updates (taken), "
-                                    "refused (malformed), throttled (dropped undecoded: beyond the rate, or superseded), "
+                                    "refused (malformed), throttled (dropped undecoded: a newer one came with it), "
                                     "bad_frames, stale (not newer than the last applied)", labels=["replica", "counter"])
         for rid, counters in state.get("load_feed", {}).items():
             for key, value in counters.items():

@@ -9,8 +9,10 @@ import math
 import threading
 import time
 
+import pytest
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.events.load import encode_load_update
+from kvmesh.events.subscribe.load_source import FRAMES_PER_UPDATE
 from kvmesh.router.routing.load import BOOKING_MAX_AGE_S
 
 from .load_feed_testkit import Fleet, update
@@ -18,14 +20,20 @@ from .load_feed_testkit import Fleet, update
 FLOOD_S = 2.0
 
 
-def _flood(source, stop: threading.Event, sent: list[int]) -> None:
+def _flood(source, junk: bool, sent: list[int]) -> None:
+    """Updates (or frames that are none) from ``source`` as fast as it can send them, for ``FLOOD_S``."""
     payloads = [encode_load_update(update(seq, running=seq % 50)) for seq in range(2, 2002)]
     n, deadline = 0, time.monotonic() + FLOOD_S
-    while time.monotonic() < deadline and not stop.is_set() and n < 400_000:
-        for payload in payloads[:100]:
-            source.send(payload)
+    while time.monotonic() < deadline and n < 400_000:
+        if junk:
+            for identity in source.askers:
+                for _ in range(100):
+                    source.sock.send_multipart((identity, b"", b"junk", b"\xc1" * 64))
+        else:
+            for payload in payloads[:100]:
+                source.send(payload)
+            payloads = payloads[100:] + payloads[:100]
         n += 100
-        payloads = payloads[100:] + payloads[:100]
     sent.append(n)
 
 
@@ -37,7 +45,8 @@ async def _probe(lateness: list[float], until: float) -> None:
         lateness.append(loop.time() - t0 - 0.002)
 
 
-def test_a_flood_costs_the_loop_little_and_the_honest_replicas_are_followed_as_before():
+@pytest.mark.parametrize("junk", [False, True], ids=["updates", "junk_frames"])
+def test_a_flood_costs_the_loop_little_and_the_honest_replicas_are_followed_as_before(junk):
     fleet = Fleet(3)
     try:
         tracker = fleet.router.loads
@@ -53,8 +62,8 @@ def test_a_flood_costs_the_loop_little_and_the_honest_replicas_are_followed_as_b
         asyncio.run_coroutine_threadsafe(_probe(quiet, fleet.loop.time() + 0.5), fleet.loop).result(timeout=10)
         lateness: list[float] = []
         probe = asyncio.run_coroutine_threadsafe(_probe(lateness, fleet.loop.time() + FLOOD_S), fleet.loop)
-        stop, sent = threading.Event(), []
-        flooder = threading.Thread(target=_flood, args=(fleet.sources["r2"], stop, sent))
+        sent: list[int] = []
+        flooder = threading.Thread(target=_flood, args=(fleet.sources["r2"], junk, sent))
         flooder.start()
         lags = []
         for seq in range(2, 2 + int(FLOOD_S / 0.05)):  # r0 publishes every 50 ms meanwhile
@@ -67,14 +76,15 @@ def test_a_flood_costs_the_loop_little_and_the_honest_replicas_are_followed_as_b
         probe.result(timeout=10)
         flooder.join()
         budget = SubscriberConfig().load_updates_per_s * (FLOOD_S + 1) + SubscriberConfig().load_update_burst
-        p99 = sorted(lateness)[int(0.99 * len(lateness))]
-        print(f"flood: {sent[0] / FLOOD_S:,.0f} updates/s sent, {applied.get('r2', 0)} applied on the loop; probe "
-              f"lateness p99 {p99 * 1e3:.2f} ms (quiet {sorted(quiet)[int(0.99 * len(quiet))] * 1e3:.2f} ms), "
+        read = sum(fleet.loads.counters()["r2"].values())
+        p99, quiet_p99 = (sorted(x)[int(0.99 * len(x))] for x in (lateness, quiet))
+        print(f"flood: {sent[0] / FLOOD_S:,.0f} frames/s sent, {read} read, {applied.get('r2', 0)} applied on the loop; probe "
+              f"lateness p99 {p99 * 1e3:.2f} ms (quiet {quiet_p99 * 1e3:.2f} ms), "
               f"max {max(lateness) * 1e3:.2f} ms; r0 applied within {max(lags) * 1e3:.1f} ms")
         assert sent[0] / FLOOD_S > 5 * SubscriberConfig().load_updates_per_s  # it was a flood
-        assert applied.get("r2", 0) <= budget
+        assert applied.get("r2", 0) <= budget and read <= budget * FRAMES_PER_UPDATE
         assert max(lags) < 0.2 and fleet.load("r0").published_seq == seq  # every honest update, on time
-        assert p99 < 0.05
+        assert p99 < max(0.05, 3 * quiet_p99)  # the machine's own noise apart
     finally:
         fleet.close()
 
