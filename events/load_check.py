@@ -45,31 +45,38 @@ _MAX_SEQ = (1 << 63) - 1
 
 def admit(update: ReplicaLoadUpdate) -> ReplicaLoadUpdate:
     """``update`` with its claims clamped; ValueError (what was wrong, by field) when it is refused."""
-    _check(update)
-    clamped = {}
-    for name, top in (("num_running", MAX_CLAIMED_REQUESTS), ("num_waiting", MAX_CLAIMED_REQUESTS),
-                      ("queued_prefill_tokens", MAX_CLAIMED_TOKENS), ("prefill_tokens_per_s", MAX_PREFILL_TOKENS_PER_S),
-                      ("decode_step_s", MAX_DECODE_STEP_S), ("arrival_rate", MAX_ARRIVALS_PER_S),
-                      ("recent_prompt", MAX_DECAYED_SUM), ("recent_requests", MAX_DECAYED_SUM)):
-        value = getattr(update, name)
+    u = update
+    _check(u)
+    clamped: dict[str, float] = {}
+    for name, value, top in (("num_running", u.num_running, MAX_CLAIMED_REQUESTS),
+                             ("num_waiting", u.num_waiting, MAX_CLAIMED_REQUESTS),
+                             ("queued_prefill_tokens", u.queued_prefill_tokens, MAX_CLAIMED_TOKENS),
+                             ("prefill_tokens_per_s", u.prefill_tokens_per_s, MAX_PREFILL_TOKENS_PER_S),
+                             ("decode_step_s", u.decode_step_s, MAX_DECODE_STEP_S),
+                             ("arrival_rate", u.arrival_rate, MAX_ARRIVALS_PER_S),
+                             ("recent_prompt", u.recent_prompt, MAX_DECAYED_SUM),
+                             ("recent_requests", u.recent_requests, MAX_DECAYED_SUM)):
         if value is not None and value > top:
             clamped[name] = top
-    prompt = clamped.get("recent_prompt", update.recent_prompt)
-    if update.recent_prefill > prompt:
+    prompt = clamped.get("recent_prompt", u.recent_prompt)
+    if u.recent_prefill > prompt:
         clamped["recent_prefill"] = prompt
-    return msgspec.structs.replace(update, **clamped) if clamped else update
+    return msgspec.structs.replace(u, **clamped) if clamped else u
 
 
 def _check(u: ReplicaLoadUpdate) -> None:
-    for name in ("ts", "kv_usage", "arrival_rate", "recent_prefill", "recent_prompt", "recent_requests",
-                 "churn_tau_s", "prefill_tokens_per_s", "decode_step_s"):
-        value = getattr(u, name)
+    for name, value in (("ts", u.ts), ("kv_usage", u.kv_usage), ("prefill_tokens_per_s", u.prefill_tokens_per_s),
+                        ("decode_step_s", u.decode_step_s), ("arrival_rate", u.arrival_rate),
+                        ("recent_prefill", u.recent_prefill), ("recent_prompt", u.recent_prompt),
+                        ("recent_requests", u.recent_requests), ("churn_tau_s", u.churn_tau_s)):
         if value is not None and not math.isfinite(value):
             raise ValueError(f"{name} is {value}; a finite number is expected")
-    for name in ("seq", "epoch", "num_running", "num_waiting", "queued_prefill_tokens", "engine_steps",
-                 "arrival_rate", "recent_prefill", "recent_prompt", "recent_requests", "churn_tau_s",
-                 "decode_step_s"):
-        value = getattr(u, name)
+    for name, value in (("seq", u.seq), ("epoch", u.epoch), ("num_running", u.num_running),
+                        ("num_waiting", u.num_waiting), ("queued_prefill_tokens", u.queued_prefill_tokens),
+                        ("engine_steps", u.engine_steps), ("decode_step_s", u.decode_step_s),
+                        ("arrival_rate", u.arrival_rate), ("recent_prefill", u.recent_prefill),
+                        ("recent_prompt", u.recent_prompt), ("recent_requests", u.recent_requests),
+                        ("churn_tau_s", u.churn_tau_s)):
         if value is not None and value < 0:
             raise ValueError(f"{name} is {value}; it cannot be negative")
     if u.seq > _MAX_SEQ or u.epoch > _MAX_SEQ:
