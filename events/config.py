@@ -186,6 +186,12 @@ class SubscriberConfig:
     max_lag_s: float = 5.0
     """Seconds a replica's KV events may trail its cache (published but not yet applied, applied that late,
     or a loss not yet resynced) before the router routes it by load only (degraded) until its stream catches up."""
+    load_updates_per_s: float = 1000.0
+    """Published load updates taken from one replica per second (events/subscribe/load_source.py): beyond it its
+    newest waits, and a flood stays in its publisher's queues. An honest replica publishes one per step interval
+    (``load_interval_s``, 5 ms) and one per request it accepts."""
+    load_update_burst: int = 50
+    """Published load updates taken from one replica at once before ``load_updates_per_s`` applies."""
     curve_server_key: str | None = None
     """CURVE public key (Z85) of the publishers (one per cluster); set -> every source without a
     key of its own is followed over CURVE (encrypted, authenticated). None: plain text."""
@@ -203,7 +209,7 @@ class SubscriberConfig:
         for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_source_queue_bytes", "max_pending",
                      "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s",
                      "max_batch_blocks", "max_batch_events", "max_source_blocks", "bad_frame_threshold",
-                     "bad_frame_window_s", "source_turn_s",
+                     "bad_frame_window_s", "source_turn_s", "load_updates_per_s", "load_update_burst",
                      "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")

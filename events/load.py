@@ -10,13 +10,18 @@ asks and never sees one; the CURVE keys of a private stream cover the replay soc
 A replica publishes at once when it accepts a request (every router then counts it one network hop later), and
 when its engine steps changed its load at most once per interval (``EventsConfig.load_interval_s``), so a router's
 view lags the replica by the network for what it accepted, and by one interval plus the network for its progress.
+
+A router orders a replica's updates by ``(epoch, seq)``, never by ``ts``, and checks each one at intake
+(events/load_check.py) before it applies it.
 """
 
 from __future__ import annotations
 
+import secrets
+
 import msgspec
 
-__all__ = ["LOAD_LEASE_S", "ReplicaLoadUpdate", "decode_load_update", "encode_load_update"]
+__all__ = ["LOAD_LEASE_S", "ReplicaLoadUpdate", "decode_load_update", "encode_load_update", "new_epoch"]
 
 LOAD_LEASE_S = 10.0
 """Seconds a load request keeps its asker on the replica's list of load subscribers."""
@@ -26,9 +31,11 @@ class ReplicaLoadUpdate(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     """One replica's load as of ``ts``; the msgpack array ``[ts, seq, running, waiting, ...]`` on the wire."""
 
     ts: float
-    """Wall-clock time (seconds since the epoch) the load was read."""
+    """Wall-clock time (seconds since the epoch) the load was read: information only, never an order (a replica's
+    clock may step)."""
     seq: int
-    """Updates published before this one (from 0 when the replica started): a lower seq is an older update."""
+    """Updates published before this one in its ``epoch`` (from 0): within an epoch, a lower seq is an older
+    update."""
     num_running: int
     """Requests running (scheduled in the engine's batch)."""
     num_waiting: int
@@ -58,6 +65,14 @@ class ReplicaLoadUpdate(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     """Requests it accepted, decayed alike."""
     churn_tau_s: float = 0.0
     """Time constant of the three decayed sums (0: not published)."""
+    epoch: int = 0
+    """A random id the publisher chose when it started (1 to 2**63 - 1; 0: a publisher that names none): an update of
+    another epoch than the last is a restarted replica's, and replaces what came before."""
+
+
+def new_epoch() -> int:
+    """A publisher's epoch id: random, so a restarted replica's updates never read as its old run's."""
+    return secrets.randbits(63) or 1
 
 
 _ENCODER = msgspec.msgpack.Encoder()

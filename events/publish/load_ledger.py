@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-from kvmesh.events.load import ReplicaLoadUpdate
+from kvmesh.events.load import ReplicaLoadUpdate, new_epoch
 
 __all__ = ["ARRIVAL_TAU_S", "CHURN_TAU_S", "LoadLedger", "MAX_ROUTERS"]
 
@@ -33,6 +33,8 @@ class LoadLedger:
     def __init__(self) -> None:
         self.accepted: OrderedDict[str, int] = OrderedDict()
         """Router id -> highest booking number accepted, least recently seen first."""
+        self.epoch = new_epoch()
+        """This run's epoch (``ReplicaLoadUpdate.epoch``): the ledger's updates are numbered within it."""
         self.seq = 0
         """Updates made so far (the next update's ``seq``)."""
         self.arrival_rate = 0.0
@@ -80,4 +82,4 @@ class LoadLedger:
             queued_prefill_tokens=queued_prefill_tokens, kv_usage=kv_usage, accepted=dict(self.accepted),
             prefill_tokens_per_s=prefill_tokens_per_s, decode_step_s=decode_step_s, engine_steps=engine_steps,
             arrival_rate=rate, recent_prefill=uncached, recent_prompt=prompt, recent_requests=requests,
-            churn_tau_s=CHURN_TAU_S)
+            churn_tau_s=CHURN_TAU_S, epoch=self.epoch)

@@ -23,6 +23,16 @@ from kvmesh.events.wire import END_SEQ, LOAD_REQUEST, SNAPSHOT_REQUEST, SNAPSHOT
 
 logger = logging.getLogger(__name__)
 
+
+def peer_address(frame: zmq.Frame) -> str:
+    """The TCP source of a received frame ("" where the transport has none, e.g. ipc)."""
+    try:
+        address = frame.get("Peer-Address")
+    except zmq.ZMQError:
+        return ""
+    return address if isinstance(address, str) else ""
+
+
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _LAST = int(zmq.NOBLOCK)
 # Replay/snapshot requests answered per loop turn, so a flood of requests cannot starve sends.
@@ -167,17 +177,16 @@ class PublisherIO:
     def _serve_requests(self) -> None:
         for _ in range(_REQUESTS_PER_TURN):
             try:
-                frames = self._replay.recv_multipart(zmq.NOBLOCK)
+                raw = self._replay.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            frames = [frame.bytes for frame in raw]
             if len(frames) != 3 or frames[1] != b"":
                 self._bad_request(f"expected [identity, b'', request], got {len(frames)} frames")
                 continue
             identity, _, request = frames
-            if request == LOAD_REQUEST:
-                if self._requests.take():
-                    self.loads.subscribe(self._replay, identity)
-                else:
+            if request == LOAD_REQUEST:  # limited per peer address, not by the socket's budget (load_subscribers.py)
+                if not self.loads.subscribe(self._replay, identity, peer_address(raw[-1])):
                     self.stats["throttled"] += 1
                 continue
             snapshot = request == SNAPSHOT_REQUEST

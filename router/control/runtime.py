@@ -285,4 +285,5 @@ class RouterRuntime:
         out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
         out["event_lag"] = {rep.id: rep.stream.lag_s for rep in self.replicas if rep.stream.lag_s is not None}
         out["feed"] = self.feed_state()
+        out["load_feed"] = self.feed.loads.counters() if self.feed.loads is not None else {}
         return out

@@ -131,6 +131,16 @@ async def _timed(body, latency, start: float):
         await body.aclose()  # the relay's own cleanup (the upstream let go) runs now, not at collection
 
 
+def _per_replica(name: str, help_text: str, by_replica: dict[str, dict[str, int]]) -> CounterMetricFamily:
+    """A counter family labelled by replica and counter (a subscriber's ``last_seq`` is no counter: left out)."""
+    family = CounterMetricFamily(name, help_text, labels=["replica", "counter"])
+    for rid, counters in by_replica.items():
+        for key, value in counters.items():
+            if key != "last_seq":
+                family.add_metric([rid, key], value)
+    return family
+
+
 class _StateCollector:
     """Reads the router's current state at scrape time (see ``RouterRuntime.metrics_state``)."""
 
@@ -151,13 +161,10 @@ class _StateCollector:
         for name, help_text in (("orphan_blocks", "Stored blocks dropped: parent unknown"),
                                 ("unknown_removals", "Removed blocks the index did not hold")):
             yield CounterMetricFamily(f"kvmesh_router_index_{name}", help_text, value=state["index"][name])
-        sub = CounterMetricFamily("kvmesh_router_event_stream", "Event subscriber counters per replica",
-                                  labels=["replica", "counter"])
-        for rid, counters in state["subscriber"].items():
-            for key, value in counters.items():
-                if key != "last_seq":
-                    sub.add_metric([rid, key], value)
-        yield sub
+        yield _per_replica("kvmesh_router_event_stream", "Event subscriber counters per replica", state["subscriber"])
+        yield _per_replica("kvmesh_router_load_feed", "Published load updates per replica: updates (taken), refused "
+                           "(malformed), throttled (dropped undecoded: a newer one came with it), bad_frames, stale "
+                           "(not newer than the last applied)", state.get("load_feed", {}))
         lag = GaugeMetricFamily("kvmesh_router_event_lag_last_seconds", "Lag of the last applied batch",
                                 labels=["replica"])
         for rid, value in state["event_lag"].items():

@@ -11,7 +11,9 @@ updates a router adds to that load only its own bookings above that number::
 
 N routers with no shared memory then see one replica's load alike, each its own bookings apart, within one
 publish of each other. A booking the replica never accepted (the request failed on the way) is dropped once a
-later booking is acknowledged, or once it is ``max_age_s`` old while updates keep coming.
+later booking is acknowledged, or once it is ``max_age_s`` old (``expire``: on every update, and on the router's
+aging tick when updates stop or are refused). An acknowledgement beyond the last booking acknowledges no more than
+was booked: a replica cannot move a router's numbering.
 """
 
 from __future__ import annotations
@@ -48,12 +50,18 @@ class Bookings:
 
     def acknowledge(self, acked: int, now: float, max_age_s: float) -> None:
         """The replica accepted bookings up to ``acked`` (as of an update received at ``now``): drop those, and
-        those older than ``max_age_s`` (lost on the way: the replica would have counted them by now)."""
-        if acked > self.last:  # a number from before this router restarted: its bookings start above it
-            self.last = acked
-        self.acked = max(self.acked, acked)
+        those older than ``max_age_s`` (lost on the way: the replica would have counted them by now). A number beyond
+        the last booking counts as the last (a router's id is its process's: no booking of it came before)."""
+        self.acked = max(self.acked, min(acked, self.last))
+        open_ = self._open
+        while open_ and open_[0][0] <= self.acked:
+            self.unacked_tokens -= open_.popleft()[1]
+        self.expire(now, max_age_s)
+
+    def expire(self, now: float, max_age_s: float) -> None:
+        """Drop the bookings older than ``max_age_s`` at ``now``."""
         open_, horizon = self._open, now - max_age_s
-        while open_ and (open_[0][0] <= self.acked or open_[0][2] < horizon):
+        while open_ and open_[0][2] < horizon:
             self.unacked_tokens -= open_.popleft()[1]
 
     def forget(self) -> None:

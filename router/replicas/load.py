@@ -20,6 +20,9 @@ PUBLISHED_FRESH_S = 2.0
 """Seconds a replica's published load is taken over its ``/load`` polls (a replica publishes at least every few
 milliseconds while it has requests, and once a second or so when idle: older, its stream stopped)."""
 
+RETIRED_EPOCHS = 4
+"""Replaced epochs of one replica remembered, so a late update of a run before its restart is not taken."""
+
 ForeignLoad = dict[str, object]
 """Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
 
@@ -123,8 +126,12 @@ class ReplicaLoad:
     published_seq: int | None = None
     """``seq`` of the last load the replica published (events/load.py) that this router applied; None: none yet
     (the replica's load comes from ``/load`` polls)."""
+    published_epoch: int = 0
+    """Its ``epoch`` (a restarted replica numbers its updates from 0 again, in a new epoch)."""
+    retired_epochs: tuple[int, ...] = ()
+    """The epochs a newer one replaced, the latest last (``RETIRED_EPOCHS`` kept): a late update of one is refused."""
     published_ts: float = 0.0
-    """Its ``ts`` (a restarted replica numbers its updates from 0 again, at a later time)."""
+    """Its ``ts`` (the replica's wall clock: shown, never an order)."""
     published_at: float = 0.0
     """When this router applied it (``time.monotonic()``, or the clock ``apply_published`` was given)."""
     watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
@@ -193,11 +200,19 @@ class ReplicaLoad:
         return self.in_flight + self.peer_in_flight
 
     def apply_published(self, update: ReplicaLoadUpdate, now: float | None = None) -> bool:
-        """Take the load the replica published (events/load.py); False (nothing taken) when it is older than the
-        last one applied (by its ``ts``, then its ``seq``). The caller sets ``unacked_*`` from its bookings."""
-        if self.published_seq is not None and (update.ts, update.seq) <= (self.published_ts, self.published_seq):
-            return False
-        self.published_seq, self.published_ts = update.seq, update.ts
+        """Take the load the replica published (events/load.py); False (nothing taken) when it is not newer than the
+        last one applied: within its epoch by ``seq`` (never by ``ts``, a clock that may step); an update of another
+        epoch is a restarted replica's and replaces the last, unless a restart already replaced its epoch. The caller
+        sets ``unacked_*`` from its bookings."""
+        if self.published_seq is not None:
+            if update.epoch == self.published_epoch:
+                if update.seq <= self.published_seq:
+                    return False
+            elif update.epoch in self.retired_epochs:
+                return False
+            else:
+                self.retired_epochs = (*self.retired_epochs, self.published_epoch)[-RETIRED_EPOCHS:]
+        self.published_seq, self.published_epoch, self.published_ts = update.seq, update.epoch, update.ts
         self.published_at = time.monotonic() if now is None else now
         self.num_running, self.num_waiting = update.num_running, update.num_waiting
         self.kv_usage, self.queued_prefill_tokens = update.kv_usage, update.queued_prefill_tokens

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.router.replicas.bookings import Bookings
-from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.replicas.load import PUBLISHED_FRESH_S, ReplicaLoad
 from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 
@@ -108,14 +108,14 @@ class LoadTracker:
         if self.shared is not None:
             replica.load.shared_slot = self.shared.slot(replica.id)  # an id seen before gets its old column
 
-    def apply_published(self, replica: Replica, update: ReplicaLoadUpdate, now: float | None = None) -> None:
+    def apply_published(self, replica: Replica, update: ReplicaLoadUpdate, now: float | None = None) -> bool:
         """Take the load ``replica`` published: its counts, plus this router's bookings it does not count yet, and
         its request rate and decayed prompt sums over every router's requests (``now``: the clock of
-        ``on_dispatch``)."""
+        ``on_dispatch``). False: not taken (not newer than the last, ``ReplicaLoad.apply_published``)."""
         load = replica.load
         now = time.monotonic() if now is None else now
         if replica.removed or not load.apply_published(update, now):
-            return
+            return False
         bookings = load.bookings
         if bookings is None:
             bookings = load.bookings = Bookings()
@@ -127,6 +127,24 @@ class LoadTracker:
             load.recent_prompt = update.recent_prompt * scale
             load.recent_requests = update.recent_requests * scale
             load.arrival_rate, load.last_dispatch = update.arrival_rate, now
+        return True
+
+    def age_published(self, now: float | None = None) -> None:
+        """Age every replica's bookings when its updates stopped or are refused (the router's tick,
+        router/control/published_loads.py): a booking older than ``BOOKING_MAX_AGE_S`` is dropped, and a replica
+        whose last update applied is older than ``PUBLISHED_FRESH_S`` stops publishing for this router
+        (``stop_published``: its ``/load`` polls count again, and its next update is taken whatever its seq)."""
+        now = time.monotonic() if now is None else now
+        for replica in self.replicas:
+            load = replica.load
+            bookings = load.bookings
+            if bookings is None:
+                continue
+            if now - load.published_at > PUBLISHED_FRESH_S:
+                self.stop_published(replica)
+            else:
+                bookings.expire(now, BOOKING_MAX_AGE_S)
+                self._set_unacked(load, bookings)
 
     def stop_published(self, replica: Replica) -> None:
         """``replica``'s published load stopped (its stream was lost): its ``/load`` polls count again."""

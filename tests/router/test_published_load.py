@@ -84,16 +84,16 @@ def test_the_fleet_rates_come_from_the_replica_not_from_one_routers_share():
 def test_an_older_update_is_ignored_and_a_restarted_replica_is_taken():
     (a,) = _routers(1, "r0")
     new = ReplicaLoadUpdate(ts=10.0, seq=5, num_running=4, num_waiting=0, queued_prefill_tokens=0, kv_usage=0.0,
-                            accepted={})
-    old = ReplicaLoadUpdate(ts=9.0, seq=4, num_running=1, num_waiting=0, queued_prefill_tokens=0, kv_usage=0.0,
-                            accepted={})
+                            accepted={}, epoch=1)
+    old = ReplicaLoadUpdate(ts=11.0, seq=4, num_running=1, num_waiting=0, queued_prefill_tokens=0, kv_usage=0.0,
+                            accepted={}, epoch=1)
     a.apply_published(a.replicas.get("r0"), new, now=0.0)
-    a.apply_published(a.replicas.get("r0"), old, now=0.0)
+    a.apply_published(a.replicas.get("r0"), old, now=0.0)  # a lower seq: older, whatever its clock says
     assert a.loads["r0"].num_running == 4
-    restarted = ReplicaLoadUpdate(ts=11.0, seq=0, num_running=0, num_waiting=0, queued_prefill_tokens=0,
-                                  kv_usage=0.0, accepted={})
-    a.apply_published(a.replicas.get("r0"), restarted, now=0.0)
-    assert (a.loads["r0"].num_running, a.loads["r0"].published_seq) == (0, 0)
+    restarted = ReplicaLoadUpdate(ts=1.0, seq=0, num_running=0, num_waiting=0, queued_prefill_tokens=0,
+                                  kv_usage=0.0, accepted={}, epoch=2)
+    a.apply_published(a.replicas.get("r0"), restarted, now=0.0)  # a new epoch: taken, whatever its clock says
+    assert (a.loads["r0"].num_running, a.loads["r0"].published_seq, a.loads["r0"].published_epoch) == (0, 0, 2)
 
 
 def test_a_booking_never_accepted_is_dropped_when_a_later_one_is_or_when_it_is_old():

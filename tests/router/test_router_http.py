@@ -86,7 +86,7 @@ def test_metrics_show_decisions_stages_and_events(fakes, start_router):
                  "kvmesh_router_reported_cached_tokens_total", 'kvmesh_router_routing_seconds_count{stage="tokenize"}',
                  'stage="hash"', 'stage="match"', 'stage="score"', "kvmesh_router_index_blocks",
                  "kvmesh_router_events_applied_total", "kvmesh_router_event_stream_total",
-                 "kvmesh_router_event_lag_seconds", "kvmesh_router_replica_in_flight",
+                 "kvmesh_router_event_lag_seconds", "kvmesh_router_replica_in_flight", "kvmesh_router_load_feed",
                  "kvmesh_router_replica_queued_prefill_tokens"):
         assert name in text, name
     from kvmesh.router.config import RouterConfig
