@@ -20,6 +20,7 @@ reasoning ends (qwen3's also ends at a tool call opened inside the thinking), th
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -126,6 +127,8 @@ class StructuredOutputManager:
         self._reasoning: set[str] = set()  # live ids whose output is still reasoning (not masked yet)
         self._cache: dict[tuple, Future] = {}  # spec key -> its compilation (insertion order: oldest first)
         self.pool: GrammarPool | None = None
+        self._pool_lock = threading.RLock()
+        self._closed = False  # close() ran: warm starts nothing
         self.on_compiled: Callable[[], None] | None = None
         """Called (on the pool's thread) when a compile ends: the engine thread waiting only for grammars wakes."""
         self._filler: xgrammar_backend.BitmaskFiller | None = None
@@ -171,11 +174,28 @@ class StructuredOutputManager:
         return len(self._compiling)
 
     def _compile_pool(self) -> GrammarPool:
-        if self.pool is None:
-            info = xgrammar_backend.tokenizer_info(self.tokenizer, self.vocab_size, self.eos_token_ids)
-            self.pool = GrammarPool(info.serialize_json(), info, self.config)
-            weakref.finalize(self, self.pool.close, 0)  # an engine dropped without close() ends its compiles too
-        return self.pool
+        with self._pool_lock:  # the engine thread, or warm's
+            if self.pool is None:
+                info = xgrammar_backend.tokenizer_info(self.tokenizer, self.vocab_size, self.eos_token_ids)
+                self.pool = GrammarPool(info.serialize_json(), info, self.config)
+                weakref.finalize(self, self.pool.close, 0)  # an engine dropped without close() ends its compiles
+            return self.pool
+
+    def warm(self) -> None:
+        """Import xgrammar here and start the compile processes now (a server's start-up, on a thread of its own:
+        ``StructuredOutputsConfig.warm_start``), so the first constrained request waits for neither; nothing
+        without a tokenizer, without xgrammar installed, or once closed (a pool closed meanwhile starts none)."""
+        if self.tokenizer is None:
+            return
+        try:
+            with self._pool_lock:
+                if self._closed:
+                    return
+                pool = self._compile_pool()
+        except ImportError:  # the engine extra is not installed: constrained requests are refused anyway
+            logger.info("xgrammar is not installed: no grammar compile processes to warm")
+            return
+        pool.warm()
 
     def _trim_cache(self) -> None:
         """Drop the oldest grammars past cache_size of them or cache_memory bytes of the compiled ones."""
@@ -265,9 +285,10 @@ class StructuredOutputManager:
         return dict(self.pool.stats) if self.pool is not None else {}
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        with self._pool_lock:
+            pool, self.pool, self._closed = self.pool, None, True
+        if pool is not None:
+            pool.close()  # a warm() that took it before starts a dispatcher that ends at once
 
 
 def _failed(future: Future) -> bool:
