@@ -5,6 +5,7 @@
               rendered prefix like any chat; the replica runs it) -> the Response, whole or as events; stored when
               ``store`` (store.py)
     retrieve  ``GET /v1/responses/{id}``: the tenant's stored Response, else 404
+    list      ``GET /v1/responses/{id}/input_items``: its input items, a page of OpenAI's list (input_items.py)
     delete    ``DELETE /v1/responses/{id}``: the same, then gone
 
 A chat error is answered as the Responses API names its fields (``messages`` -> ``input``, ``max_tokens`` ->
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -24,12 +25,15 @@ from kvmesh.replica.serving.json_types import JSONObject
 from pydantic import JsonValue
 
 from .events import ResponseEvents, sse_data
+from .input_items import list_page, stored_items
 from .output import assistant_message, from_chat, new_id, response_object
 from .request import ResponsesRequest
 from .store import ResponseStore
 
 PREFIX = "/v1/responses/"
 """``GET`` and ``DELETE`` take the id after it."""
+INPUT_ITEMS = "/input_items"
+"""``GET PREFIX + id + INPUT_ITEMS`` lists the response's input items."""
 CHAT_PARAMS = {"messages": "input", "prompt": "input", "max_tokens": "max_output_tokens",
                "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
                "structured_outputs": "text.format"}
@@ -83,6 +87,13 @@ class ResponsesService:
             raise not_found(response_id)
         return stored.response
 
+    async def input_items(self, tenant: str, response_id: str, params: Mapping[str, str]) -> JSONObject:
+        """A page of the tenant's stored response's input items (``params``: the query's limit, order, after)."""
+        stored = await self._stored(self.store.get, tenant, response_id)
+        if stored is None:
+            raise not_found(response_id)
+        return list_page(stored.input_items, params)
+
     async def delete(self, tenant: str, response_id: str) -> JSONObject:
         if not await self._stored(self.store.delete, tenant, response_id):
             raise not_found(response_id)
@@ -119,7 +130,7 @@ class ResponsesService:
         if not req.store or response["status"] == "failed":
             return response
         whole = [*conversation, assistant_message(response["output"])]
-        if not await self._stored(self.store.put, tenant, response, whole):
+        if not await self._stored(self.store.put, tenant, response, whole, stored_items(req.input)):
             return {**response, "store": False}
         return response
 
@@ -138,6 +149,10 @@ class ResponsesService:
                         return
                     for event in events.chunk(data):
                         yield event
+                    if events.client_error is not None:  # the request's own error, as its unstreamed 400
+                        for event in events.fail(events.client_error):
+                            yield event
+                        return
             except ProtocolError as e:
                 for event in events.fail(e.to_dict()["error"]):
                     yield event

@@ -1,7 +1,8 @@
 """Stored responses: per tenant, bounded in bytes and in age, shareable between processes.
 
-A stored response keeps its Response object and its whole conversation (the chat messages a continuation renders
-before its own input: earlier turns and this one's input and output), so continuing it is one read and evicting
+A stored response keeps its Response object, its whole conversation (the chat messages a continuation renders
+before its own input: earlier turns and this one's input and output) and its request's input items (what
+``GET /v1/responses/{id}/input_items`` lists: input_items.py), so continuing it is one read and evicting
 one response never breaks another's conversation. A row belongs to the tenant that stored it: reading, continuing
 or deleting it with another tenant's credentials finds nothing (the caller answers 404, as for an id never stored).
 
@@ -33,7 +34,8 @@ from pydantic import JsonValue
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, used REAL NOT NULL,
-                                      size INTEGER NOT NULL, response BLOB NOT NULL, conversation BLOB NOT NULL);
+                                      size INTEGER NOT NULL, response BLOB NOT NULL, conversation BLOB NOT NULL,
+                                      input_items BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS responses_tenant_used ON responses (tenant, used);
 CREATE INDEX IF NOT EXISTS responses_used ON responses (used);
 CREATE TABLE IF NOT EXISTS tenant_bytes (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
@@ -58,6 +60,8 @@ class StoredResponse:
     """The Response object as it was answered."""
     conversation: list[JsonValue]
     """The chat messages up to and including this response's output."""
+    input_items: list[JsonValue]
+    """The request's input as OpenAI's items, each with its id (input_items.py)."""
 
 
 class ResponseStore:
@@ -86,12 +90,13 @@ class ResponseStore:
         """``tenant``'s response ``response_id`` (None: none of this tenant's, or too old); it counts as used."""
         now = self.clock()
         with self._lock:
-            row = self._db.execute("SELECT response, conversation FROM responses WHERE id = ? AND tenant = ? AND "
+            row = self._db.execute("SELECT response, conversation, input_items FROM responses WHERE id = ? AND "
+                                   "tenant = ? AND "
                                    "used >= ?", (response_id, tenant, now - self.max_age_s)).fetchone()
             if row is None:
                 return None
             self._db.execute("UPDATE responses SET used = ? WHERE id = ?", (now, response_id))
-        return StoredResponse(msgspec.json.decode(row[0]), msgspec.json.decode(row[1]))
+        return StoredResponse(*(msgspec.json.decode(blob) for blob in row))
 
     def tenant_bytes(self, tenant: str) -> int:
         """Bytes ``tenant``'s stored responses hold."""
@@ -104,10 +109,12 @@ class ResponseStore:
             return self._total()
 
     # ---------------------------------------------------------------- writes
-    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue]) -> bool:
+    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue],
+            input_items: list[JsonValue] | None = None) -> bool:
         """Store ``response`` for ``tenant`` within the bounds (module doc); False: larger than a bound alone."""
         body, history = msgspec.json.encode(response), msgspec.json.encode(conversation)
-        size = len(body) + len(history)
+        items = msgspec.json.encode(input_items or [])
+        size = len(body) + len(history) + len(items)
         now = self.clock()
         if size > min(self.max_bytes_per_tenant, self.max_bytes):
             return False
@@ -117,8 +124,8 @@ class ResponseStore:
                 self._drop("used < ?", (now - self.max_age_s,))
                 self._evict("tenant = ?", (tenant,), self._tenant(tenant) + size - self.max_bytes_per_tenant)
                 self._evict("1", (), self._total() + size - self.max_bytes)
-                self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                                 (response["id"], tenant, now, size, body, history))
+                self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (response["id"], tenant, now, size, body, history, items))
                 self._add(tenant, size)
                 self._db.execute("COMMIT")
             except BaseException:
