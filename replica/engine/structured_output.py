@@ -13,13 +13,15 @@ Async scheduling launches step N+1 before step N's token is known, and step N+1'
 constrained request with a token in flight sits out one step (scheduler.py), so its mask is always exact.
 A constraint with ``reasoning_end`` (the chat's reasoning parser's end tag) waits for it: until the output writes
 that text the request is not masked and its matcher does not move, so the reasoning is free and the answer after it
-is constrained (vLLM's ``reasoning_ended``). With ``reasoning_parser`` the parser's own rule decides where the
-reasoning ends (qwen3's also ends at a tool call opened inside the thinking), the rule the answer is read by. KV blocks, their hashes and events do not see any of this.
+is constrained (vLLM's ``reasoning_ended``). ``reasoning_end_pattern`` is the rest of the parser's rule, a match of
+which ends the reasoning too (qwen3's: a tool call opened inside the thinking), the rule the answer is read by.
+KV blocks, their hashes and events do not see any of this.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import weakref
@@ -29,8 +31,6 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine import xgrammar_backend
 from kvmesh.replica.engine.grammar_pool import CompileFuture, CompileTimeout, GrammarPool
-from kvmesh.replica.openai.reasoning_parsers import ReasoningParser, reasoning_parser
-from kvmesh.replica.openai.reasoning_parsers.base import ReasoningEnd
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.scheduler_output import GrammarBitmask
@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 REASONING_WINDOW = 32
-"""Tokens of the output decoded together to find the end of its reasoning by a parser's rule (an opener and what
-must follow it, with some whitespace between)."""
+"""Tokens of the output decoded together to find a match of ``reasoning_end_pattern`` (an opener and what must follow
+it, with some whitespace between)."""
 
 
 def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
@@ -68,9 +68,9 @@ class StructuredOutputRequest:
         self.since = time.monotonic()  # when it started waiting for its grammar
         self.reasoning_ids: list[int] | None = [] if params.reasoning_end else None
         """The output's last tokens while the reasoning runs (None: the constraint applies)."""
-        self.rule: ReasoningParser | None = None if params.reasoning_parser is None else \
-            reasoning_parser(params.reasoning_parser, constrained=True)
-        """The parser whose rule ends the reasoning (None: the text ``reasoning_end``)."""
+        self.rule: re.Pattern[str] | None = None if params.reasoning_end_pattern is None else \
+            re.compile(params.reasoning_end_pattern)
+        """What ends the reasoning besides the text ``reasoning_end`` (None: nothing else)."""
 
     def reason(self, token: int, decode: Callable[[list[int]], str]) -> None:
         """One more token of the reasoning: the constraint applies from the next token once the output has written
@@ -80,7 +80,7 @@ class StructuredOutputRequest:
         ids.append(token)
         del ids[:-(len(end) + 1 if rule is None else max(len(end) + 1, REASONING_WINDOW))]
         text = decode(ids)
-        if end in text if rule is None else isinstance(rule.find_end(text, 0, False), ReasoningEnd):
+        if end in text or (rule is not None and rule.search(text) is not None):
             self.reasoning_ids = None
 
     @property

@@ -49,4 +49,4 @@ def wait_for_reasoning(parser: ReasoningParser | None, params: list[SamplingPara
     for sp in params:
         if sp.structured_outputs is not None:
             sp.structured_outputs = replace(sp.structured_outputs, reasoning_end=parser.end_tag,
-                                            reasoning_parser=parser.name)
+                                            reasoning_end_pattern=parser.end_pattern)

@@ -38,6 +38,9 @@ class ReasoningParser(Protocol):
     """The ``--reasoning-parser`` value that selects it (vLLM's name for the same format)."""
     start_tag: ClassVar[str]
     end_tag: ClassVar[str]
+    end_pattern: ClassVar[str | None]
+    """A regular expression whose match ends the reasoning besides ``end_tag`` (None: only the tag): what the engine
+    starts a constraint at (``StructuredOutputsParams.reasoning_end_pattern``)."""
     opener: ClassVar[str | None]
     """A tag that may end the reasoning depending on what follows it, whitespace aside (qwen3's ``<tool_call>``):
     while the undecided text is this tag and whitespace, more whitespace decides nothing (stream.py keeps it
@@ -60,6 +63,7 @@ class ThinkTagParser:
     name: ClassVar[str] = ""
     start_tag: ClassVar[str] = "<think>"
     end_tag: ClassVar[str] = "</think>"
+    end_pattern: ClassVar[str | None] = None
     opener: ClassVar[str | None] = None
 
     def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None, constrained: bool = False) -> None:

@@ -25,10 +25,12 @@ from kvmesh.replica.openai.tool_parsers.base import held_back
 TOOL_CALL_TAG = "<tool_call>"
 FUNCTION_OPEN = "<function"
 _FUNCTION = re.compile(r"\s*<function[\s=]")
+"""What must follow TOOL_CALL_TAG for it to open a call."""
 
 
 class Qwen3ReasoningParser(ThinkTagParser):
     name: ClassVar[str] = "qwen3"
+    end_pattern: ClassVar[str | None] = re.escape(TOOL_CALL_TAG) + _FUNCTION.pattern
     opener: ClassVar[str | None] = TOOL_CALL_TAG
 
     def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None, constrained: bool = False) -> None:
