@@ -15,6 +15,7 @@ for their grammar to compile, let the other in-flight requests finish for ``grac
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -96,6 +97,9 @@ class ReplicaRuntime:
             http = HTTPServer(build_app(state), host=server.host, port=server.port, frontend=frontend,
                               name="replica-http")
             http.start_in_thread()
+            if engine.structured_outputs.warm_start:
+                threading.Thread(target=llm.engine.structured_output.warm, name="kvmesh-grammar-warm",
+                                 daemon=True).start()
         except BaseException:
             llm.shutdown()
             raise

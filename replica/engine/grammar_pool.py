@@ -12,7 +12,9 @@
     seconds its process worked (``compile_s``: what its requests are charged)
 
 One dispatcher thread ("kvmesh-grammar") owns the workers; the engine thread only submits and releases. The pool
-starts on the first compile and ``close`` ends its thread and processes. Its counters (``stats``) are the
+starts on the first compile, or earlier by ``warm`` (a server's start-up: the fork server's import of xgrammar, and
+with it torch, takes seconds that a first constrained request would wait), and ``close`` ends its thread and
+processes. Its counters (``stats``) are the
 replica's grammar metrics: compile seconds, compiles by outcome, compiles running and waiting.
 """
 
@@ -92,6 +94,17 @@ class GrammarPool:
         self.worker_pids: tuple[int, ...] = ()  # the compile processes now (the dispatcher's, read by anyone)
         self.stats = {"compile_seconds": 0.0, "running": 0, "waiting": 0, **{outcome: 0 for outcome in OUTCOMES}}
 
+    def warm(self) -> None:
+        """Start the compile processes now, with no compile to run yet."""
+        with self._lock:
+            self._start_dispatcher()
+
+    def _start_dispatcher(self) -> None:
+        """The dispatcher thread, unless it runs (the lock held): it starts the workers."""
+        if self._thread is None or not self._thread.is_alive():  # the first compile, or after a failure
+            self._thread = threading.Thread(target=self._run, name="kvmesh-grammar", daemon=True)
+            self._thread.start()
+
     def submit(self, key: tuple, params: StructuredOutputsParams, tenant: str, request_id: str) -> Future:
         """The future of ``key``'s compile, ``request_id`` among those waiting for it."""
         with self._lock:
@@ -101,9 +114,7 @@ class GrammarPool:
                 self._queues.setdefault(tenant, deque()).append(job)
                 self.stats["waiting"] += 1
             job.waiters.add(request_id)
-            if self._thread is None or not self._thread.is_alive():  # the first compile, or after a failure
-                self._thread = threading.Thread(target=self._run, name="kvmesh-grammar", daemon=True)
-                self._thread.start()
+            self._start_dispatcher()
         self._wake()
         return job.future
 

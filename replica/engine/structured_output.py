@@ -13,12 +13,16 @@ Async scheduling launches step N+1 before step N's token is known, and step N+1'
 constrained request with a token in flight sits out one step (scheduler.py), so its mask is always exact.
 A constraint with ``reasoning_end`` (the chat's reasoning parser's end tag) waits for it: until the output writes
 that text the request is not masked and its matcher does not move, so the reasoning is free and the answer after it
-is constrained (vLLM's ``reasoning_ended``). KV blocks, their hashes and events do not see any of this.
+is constrained (vLLM's ``reasoning_ended``). ``reasoning_end_pattern`` is the rest of the parser's rule, a match of
+which ends the reasoning too (qwen3's: a tool call opened inside the thinking), the rule the answer is read by.
+KV blocks, their hashes and events do not see any of this.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -39,6 +43,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+REASONING_WINDOW = 32
+"""Tokens of the output decoded together to find a match of ``reasoning_end_pattern`` (an opener and what must follow
+it, with some whitespace between)."""
+
 
 def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
     """``SamplingParamsError`` naming the field of the first constraint xgrammar cannot express (the replica's HTTP
@@ -51,7 +59,7 @@ def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
 class StructuredOutputRequest:
     """One request's grammar: compiling (``future``), then its matcher (built by ``StructuredOutputManager.poll``)."""
 
-    __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids", "waited")
+    __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids", "waited", "rule")
 
     def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int], waited: bool = True) -> None:
         self.params, self.future, self.matcher = params, future, None
@@ -60,16 +68,19 @@ class StructuredOutputRequest:
         self.since = time.monotonic()  # when it started waiting for its grammar
         self.reasoning_ids: list[int] | None = [] if params.reasoning_end else None
         """The output's last tokens while the reasoning runs (None: the constraint applies)."""
+        self.rule: re.Pattern[str] | None = None if params.reasoning_end_pattern is None else \
+            re.compile(params.reasoning_end_pattern)
+        """What ends the reasoning besides the text ``reasoning_end`` (None: nothing else)."""
 
     def reason(self, token: int, decode: Callable[[list[int]], str]) -> None:
         """One more token of the reasoning: the constraint applies from the next token once the output has written
         ``reasoning_end``. The last few tokens are decoded together (a token decoded alone may lose its leading
         space), enough of them to hold the end text: every token writes at least one character."""
-        end = self.params.reasoning_end
-        ids = self.reasoning_ids
+        end, rule, ids = self.params.reasoning_end, self.rule, self.reasoning_ids
         ids.append(token)
-        del ids[:-len(end) - 1]
-        if end in decode(ids):
+        del ids[:-(len(end) + 1 if rule is None else max(len(end) + 1, REASONING_WINDOW))]
+        text = decode(ids)
+        if end in text or (rule is not None and rule.search(text) is not None):
             self.reasoning_ids = None
 
     @property
@@ -116,6 +127,8 @@ class StructuredOutputManager:
         self._reasoning: set[str] = set()  # live ids whose output is still reasoning (not masked yet)
         self._cache: dict[tuple, Future] = {}  # spec key -> its compilation (insertion order: oldest first)
         self.pool: GrammarPool | None = None
+        self._pool_lock = threading.RLock()
+        self._closed = False  # close() ran: warm starts nothing
         self.on_compiled: Callable[[], None] | None = None
         """Called (on the pool's thread) when a compile ends: the engine thread waiting only for grammars wakes."""
         self._filler: xgrammar_backend.BitmaskFiller | None = None
@@ -161,11 +174,28 @@ class StructuredOutputManager:
         return len(self._compiling)
 
     def _compile_pool(self) -> GrammarPool:
-        if self.pool is None:
-            info = xgrammar_backend.tokenizer_info(self.tokenizer, self.vocab_size, self.eos_token_ids)
-            self.pool = GrammarPool(info.serialize_json(), info, self.config)
-            weakref.finalize(self, self.pool.close, 0)  # an engine dropped without close() ends its compiles too
-        return self.pool
+        with self._pool_lock:  # the engine thread, or warm's
+            if self.pool is None:
+                info = xgrammar_backend.tokenizer_info(self.tokenizer, self.vocab_size, self.eos_token_ids)
+                self.pool = GrammarPool(info.serialize_json(), info, self.config)
+                weakref.finalize(self, self.pool.close, 0)  # an engine dropped without close() ends its compiles
+            return self.pool
+
+    def warm(self) -> None:
+        """Import xgrammar here and start the compile processes now (a server's start-up, on a thread of its own:
+        ``StructuredOutputsConfig.warm_start``), so the first constrained request waits for neither; nothing
+        without a tokenizer, without xgrammar installed, or once closed (a pool closed meanwhile starts none)."""
+        if self.tokenizer is None:
+            return
+        try:
+            with self._pool_lock:
+                if self._closed:
+                    return
+                pool = self._compile_pool()
+        except ImportError:  # the engine extra is not installed: constrained requests are refused anyway
+            logger.info("xgrammar is not installed: no grammar compile processes to warm")
+            return
+        pool.warm()
 
     def _trim_cache(self) -> None:
         """Drop the oldest grammars past cache_size of them or cache_memory bytes of the compiled ones."""
@@ -255,9 +285,10 @@ class StructuredOutputManager:
         return dict(self.pool.stats) if self.pool is not None else {}
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        with self._pool_lock:
+            pool, self.pool, self._closed = self.pool, None, True
+        if pool is not None:
+            pool.close()  # a warm() that took it before starts a dispatcher that ends at once
 
 
 def _failed(future: Future) -> bool:

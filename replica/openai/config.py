@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kvmesh.replica.openai.reasoning_parsers import REASONING_PARSERS
@@ -31,7 +32,8 @@ class FrontendConfig:
     render_timeout_s: float = 5.0
     """Seconds tokenizing and chat-template rendering of one request may take before it is refused (400)."""
     chat_template: str | None = None
-    """Jinja chat template (or a path to one) for models that ship none; None refuses chat for them (vLLM)."""
+    """Jinja chat template (or a path to one) for models that ship none; None refuses chat for them (vLLM). A value
+    without ``{``, ``}`` or a newline is a path, and must name a readable file (vLLM's rule)."""
     trust_request_chat_template: bool = False
     """Accept a ``chat_template`` sent in a request (vLLM's ``--trust-request-chat-template``); off: 400."""
     max_header_bytes: int = 64 << 10
@@ -85,9 +87,32 @@ class FrontendConfig:
                              f"{', '.join(REASONING_PARSERS)}")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice needs tool_call_parser (how the model writes its calls)")
+        if self.chat_template is not None:
+            check_chat_template(self.chat_template)
         for name in ("render_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s", "responses_max_age_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+TEMPLATE_CHARS = "{}\n"
+"""A chat_template value holding any of these is template text; without them it is a path (vLLM's JINJA_CHARS)."""
+
+
+def check_chat_template(value: str) -> None:
+    """ValueError when ``value`` looks like a path (none of TEMPLATE_CHARS) and names no readable file: a mistyped
+    path would otherwise become the template, every prompt its own text."""
+    if any(c in value for c in TEMPLATE_CHARS):
+        return
+    if os.path.isdir(value):
+        raise ValueError(f"chat_template {value!r} is a directory, not a template file; give the .jinja file in it")
+    try:
+        with open(value, "rb"):
+            pass
+    except OSError as e:
+        raise ValueError(f"chat_template {value!r} looks like a file path (it has no '{{', '}}' or newline of a "
+                         f"template), but it cannot be read from {os.getcwd()}: "
+                         f"{'no such file' if isinstance(e, FileNotFoundError) else e.strerror}; give an existing "
+                         "template file, or the template text itself") from None
 
 
 def check_internal_key(key: str | None, what: str, others: dict[str, str | None]) -> None:

@@ -27,9 +27,10 @@ class ReasoningFields(OpenAIBaseModel):
     include_reasoning: Annotated[bool, Field(strict=True)] = True
     """Return the reasoning the server's reasoning parser reads out of the answer (vLLM's default: true)."""
 
-    def reasoning_parser(self, name: str | None) -> ReasoningParser | None:
-        """The parser ``name`` (the server's ``--reasoning-parser``) for this request's answer, or None."""
-        return None if name is None else reasoning_parser(name, self.template_kwargs())
+    def reasoning_parser(self, name: str | None, constrained: bool = False) -> ReasoningParser | None:
+        """The parser ``name`` (the server's ``--reasoning-parser``) for this request's answer, or None
+        (``constrained``: its content is the output of a constraint that waits for the reasoning)."""
+        return None if name is None else reasoning_parser(name, self.template_kwargs(), constrained)
 
     def hides_reasoning(self, name: str | None) -> bool:
         """The answer's reasoning, and the logprobs and token ids that would spell it, are left out."""
@@ -37,7 +38,7 @@ class ReasoningFields(OpenAIBaseModel):
 
     def constrain_after_reasoning(self, name: str | None, params: list[SamplingParams]) -> None:
         """Make the constraints of ``params`` wait for the end of the reasoning when the model thinks."""
-        wait_for_reasoning(self.reasoning_parser(name), params)
+        wait_for_reasoning(self.reasoning_parser(name, constrained=True), params)
 
 
 def wait_for_reasoning(parser: ReasoningParser | None, params: list[SamplingParams]) -> None:
@@ -47,4 +48,5 @@ def wait_for_reasoning(parser: ReasoningParser | None, params: list[SamplingPara
         return
     for sp in params:
         if sp.structured_outputs is not None:
-            sp.structured_outputs = replace(sp.structured_outputs, reasoning_end=parser.end_tag)
+            sp.structured_outputs = replace(sp.structured_outputs, reasoning_end=parser.end_tag,
+                                            reasoning_end_pattern=parser.end_pattern)

@@ -193,6 +193,9 @@ class ChatStreamChoice(OpenAIBaseModel):
     finish_reason: FinishReason = None
     token_ids: list[int] | None = Field(default=None, exclude_if=_unset)
     """The new token ids behind ``delta`` (``return_token_ids`` only)."""
+    error: dict[str, JsonValue] | None = Field(default=None, exclude_if=_unset)
+    """(kvmesh) With ``finish_reason: "error"`` for the request's own error: the error a whole answer is (a 400's
+    ``{"message", "type", "param", "code"}``), so a stream tells what to change; absent otherwise."""
 
 
 class ChatCompletionChunk(OpenAIBaseModel):

@@ -1,6 +1,7 @@
 """Where a random row's uniform number comes from: one int64 key per row per step, hashed on the device.
 
     seeded row    key = seed_key(seed, tokens it generated so far)   its tokens depend on seed and position only
+    speculation   key = seed_key(seed, n + j) ^ purpose              draft j's draw, acceptance or residual draw
     unseeded row  key = unseeded_key(runner seed, n)                  n counts the runner's unseeded draws (host)
     greedy row    key = 0                                             (drawn, never used)
     u = seeded_uniforms(key)                                          splitmix64 of the key, top 24 bits: [0, 1)
@@ -27,6 +28,16 @@ def seed_key(seed: int, num_generated: int) -> int:
     """The key a seeded request's next token is drawn with: ``(seed*A + n*B + 1) & MASK`` (SEED_MIX), so its
     tokens depend only on the seed and their position (and a continuation's moved seed gives the same key)."""
     return (seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK
+
+
+DRAFT_DRAW, ACCEPT_DRAW, RESIDUAL_DRAW = 0x5A17C3E1D2B4F6A8, 0x3C6EF372FE94F82B, 0x1F83D9ABFB41BD6B
+"""What a speculative draw of a seeded request is for (spec_decode/): XORed into its key so the draws of one
+position are independent of each other and of the sampler's, and a continuation's moved seed keeps them."""
+
+
+def purpose_keys(seed: int, num_generated: int, num: int, purpose: int) -> list[int]:
+    """Keys of a seeded request's ``num`` draws for ``purpose`` at output positions ``num_generated + j``."""
+    return [seed_key(seed, num_generated + j) ^ purpose for j in range(num)]
 
 
 def unseeded_key(seed: int, n: int) -> int:

@@ -27,11 +27,18 @@ def constrain_after_reasoning(req: ChatCompletionRequest | CompletionRequest, fr
         req.constrain_after_reasoning(frontend.reasoning_parser, params)
 
 
+def waits_for_reasoning(req: ChatCompletionRequest, frontend: FrontendConfig) -> bool:
+    """The answer's content is the output of a constraint that starts where the reasoning ends (a structured output
+    or a forced tool call, unless ``--enable-in-reasoning``): the reasoning parser reads it as the engine did."""
+    return not frontend.enable_in_reasoning and (req.sends_constraint
+                                                 or req.effective_tool_choice in ("named", "required"))
+
+
 def message(req: ChatCompletionRequest, frontend: FrontendConfig, text: str,
             reason: str | None) -> tuple[ChatMessageOut, str | None]:
     """The message of a finished choice and its finish reason."""
     echo = req.echo_text()
-    parser = req.reasoning_parser(frontend.reasoning_parser)
+    parser = req.reasoning_parser(frontend.reasoning_parser, waits_for_reasoning(req, frontend))
     if parser is None:
         return chat_tools.message(req, frontend.tool_call_parser, echo, text, reason)
     reasoning, content = split(parser, text)
@@ -54,7 +61,8 @@ class ChoiceStream:
 def streams(req: ChatCompletionRequest, frontend: FrontendConfig, n: int) -> list[ChoiceStream]:
     """One reader per streamed choice."""
     tools = chat_tools.streams(req, frontend.tool_call_parser, n)
-    return [ChoiceStream(None if (parser := req.reasoning_parser(frontend.reasoning_parser)) is None
+    constrained = waits_for_reasoning(req, frontend)
+    return [ChoiceStream(None if (parser := req.reasoning_parser(frontend.reasoning_parser, constrained)) is None
                          else ReasoningStream(parser), tools[i]) for i in range(n)]
 
 

@@ -29,7 +29,7 @@ from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_req
 from kvmesh.replica.server.constraints import checked_constraints
 from kvmesh.replica.server.engine_requests import engine_requests
 from kvmesh.replica.server.kv_request import client_gone
-from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
+from kvmesh.replica.server.output_usage import check_failed, own_error, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
@@ -266,11 +266,11 @@ class OpenAIHandlers:
 
         def chunk(index: int, delta: responses.DeltaMessage, finish_reason: str | None = None, usage: responses.UsageInfo | None = None,
                   logprobs: dict | None = None, token_ids: list[int] | None = None,
-                  first_ids: list[int] | None = None) -> str:
+                  first_ids: list[int] | None = None, error: dict | None = None) -> str:
             return responses.sse(responses.ChatCompletionChunk(
                 id=request_id, created=created, model=model, usage=usage, prompt_token_ids=first_ids,
                 choices=[responses.ChatStreamChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
-                                            token_ids=token_ids if ids else None)]))
+                                            token_ids=token_ids if ids else None, error=error)]))
 
         for c in candidates:
             yield chunk(parallel_sampling.choice_index(c, req.n), responses.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
@@ -286,6 +286,6 @@ class OpenAIHandlers:
             usage = usage_of(out) if continuous else None
             logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
             yield chunk(parallel_sampling.choice_index(candidates[i], req.n), delta or responses.DeltaMessage(content=""),
-                        reason, usage, logprobs, out.new_token_ids)
+                        reason, usage, logprobs, out.new_token_ids, error=own_error(out))
             if out.finished:
                 finals[i] = out

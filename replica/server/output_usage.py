@@ -9,7 +9,7 @@ import logging
 
 from kvmesh.replica.openai.responses import UsageInfo
 from kvmesh.replica.server.parallel_sampling import Candidate
-from kvmesh.replica.serving.errors import ProtocolError, new_request_id
+from kvmesh.replica.serving.errors import ProtocolError, error_body, new_request_id
 from kvmesh.replica.step.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -47,3 +47,11 @@ def check_failed(out: RequestOutput, stream: bool = False) -> None:
                  out.error or "unknown error")
     raise ProtocolError(f"request failed inside the engine (request id {request_id}); the replica's log has "
                         "the details", 500)
+
+
+def own_error(out: RequestOutput) -> dict | None:
+    """The error body of a request the engine failed because of a field of its own (what ``check_failed`` raises for a
+    whole answer), for the last chunk of its stream; None for any other output."""
+    if out.finish_reason != "error" or out.error_param is None:
+        return None
+    return error_body(out.error or f"{out.error_param} cannot be served", 400, out.error_param)["error"]

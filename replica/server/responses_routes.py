@@ -2,6 +2,7 @@
 
     POST   /v1/responses          a Response, whole or as ``response.*`` events
     GET    /v1/responses/{id}     a stored Response
+    GET    /v1/responses/{id}/input_items   its input items (OpenAI's list: limit, order, after)
     DELETE /v1/responses/{id}     gone
 
 A replica's tenant is its caller's key: the ``Authorization`` header's digest (one API key, one tenant; a server
@@ -64,6 +65,10 @@ def install_responses_routes(app: FastAPI, state: ServerState, handlers: OpenAIH
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, http: Request):
         return JSONResponse(await service.retrieve(caller_tenant(http), response_id))
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str, http: Request):
+        return JSONResponse(await service.input_items(caller_tenant(http), response_id, dict(http.query_params)))
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, http: Request):

@@ -60,6 +60,10 @@ class StructuredOutputsParams:
     """(kvmesh) The constraint starts after the output writes this text: the end tag of the server's reasoning
     parser, so the answer after the reasoning is constrained and the reasoning is not (vLLM's ``reasoning_ended``).
     None: from the first token. Set by the server, never read from a request; not part of ``key``."""
+    reasoning_end_pattern: str | None = None
+    """(kvmesh) With ``reasoning_end``: a regular expression whose match ends the reasoning too, the rest of the
+    server's reasoning parser's rule (qwen3's: a tool call opened inside the thinking); the constraint starts there.
+    None: at ``reasoning_end`` only. Set by the server, never read from a request; not part of ``key``."""
     tenant: str = ""
     """(kvmesh) Whose compile this is: the request's ``user`` (all a replica knows of its sender); waiting compiles
     take turns by it (engine/grammar_pool.py). Not part of ``key``."""
@@ -79,7 +83,8 @@ class StructuredOutputsParams:
                 or self.num_resumed_tokens < 0:
             raise SamplingParamsError(f"{self.field}.num_resumed_tokens", f"{self.field}.num_resumed_tokens must be "
                                       f"an integer >= 0, got {self.num_resumed_tokens!r}")
-        for name, value in (("regex", self.regex), ("grammar", self.grammar), ("reasoning_end", self.reasoning_end)):
+        for name, value in (("regex", self.regex), ("grammar", self.grammar), ("reasoning_end", self.reasoning_end),
+                            ("reasoning_end_pattern", self.reasoning_end_pattern)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise SamplingParamsError(self.field, f"{self.field}: {name} must be a non-empty string")
 

@@ -9,16 +9,20 @@ tokens, each sampled from the draft's distribution q (its argmax for a greedy re
 Each request keeps blocks of the draft's own cache (worker/draft_model.py, built by the executor's factory); when they run out, the request used
 least recently gives its blocks back and its draft cache is recomputed when it drafts again. The q rows of a
 sampled request go to the runner with its drafts (``ScheduledRequest.draft_probs``): rejection.py accepts a
-draft with probability min(1, p/q) and resamples from max(0, p - q).
+draft with probability min(1, p/q) and resamples from max(0, p - q). A seeded request's draft at output position n
+is drawn with a key of its seed and n (sample/draws.py, ``DRAFT_DRAW``): its drafts, like its tokens, do not depend
+on what shares its batch; an unseeded request's come from the proposer's generator.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
+from kvmesh.replica.sample.draws import DRAFT_DRAW, purpose_keys, seeded_uniforms
+from kvmesh.replica.sample.fixed_sampler import draw_in_order
 from kvmesh.replica.spec_decode.rejection import target_probs
 
 if TYPE_CHECKING:
@@ -50,8 +54,17 @@ class DraftModelInterface(Protocol):
         """The rows' K/V written; logits [len(rows), V] after each row's last token (one-token rows first)."""
 
 
-DraftRequest = tuple[str, list[int], int, "SamplingParams"]
-"""(request_id, its tokens, the most drafts it has room for, its sampling params)."""
+class DraftRequest(NamedTuple):
+    """A request to draft for."""
+
+    request_id: str
+    token_ids: list[int]
+    """Its tokens (prompt and output)."""
+    max_drafts: int
+    """The most drafts it has room for."""
+    sp: SamplingParams
+    num_output: int = 0
+    """Tokens it generated so far: draft j is output position ``num_output + j`` (a seeded request's draw key)."""
 
 
 @dataclass(slots=True)
@@ -88,13 +101,14 @@ class DraftModelProposer:
     def propose(self, items: list[DraftRequest]) -> dict[str, tuple[list[int], torch.Tensor | None]]:
         """request_id -> up to ``min(K, max_drafts)`` drafts continuing its tokens, and their q rows
         [num_drafts, V] (None for a greedy request); a request the draft cache has no room for gets none."""
-        live: dict[str, tuple[DraftState, int, SamplingParams]] = {}
+        live: dict[str, tuple[DraftState, int, DraftRequest]] = {}
         rows: dict[str, DraftRow] = {}
-        for request_id, token_ids, max_drafts, sp in items:
-            k = min(self.k, max_drafts)
+        for item in items:
+            request_id, token_ids = item.request_id, item.token_ids
+            k = min(self.k, item.max_drafts)
             state = self._rolled_back(request_id, token_ids)
             if k > 0 and self._reserve(state, len(token_ids) + k - 1, live):
-                live[request_id] = (state, k, sp)
+                live[request_id] = (state, k, item)
                 rows[request_id] = DraftRow(state.block_ids, len(state.token_ids), token_ids[len(state.token_ids):])
         drafts: dict[str, list[int]] = {rid: [] for rid in live}
         probs: dict[str, list[torch.Tensor]] = {rid: [] for rid in live}
@@ -105,19 +119,24 @@ class DraftModelProposer:
                 break
             logits = self.model.forward([rows[rid] for rid in order])
             for i, rid in enumerate(order):
-                state, _, sp = live[rid]
+                state, _, item = live[rid]
                 state.token_ids += rows[rid].token_ids
-                drafts[rid].append(self._sample(logits[i], sp, probs[rid]))
+                drafts[rid].append(self._sample(logits[i], item.sp, item.num_output + j, probs[rid]))
                 rows[rid] = DraftRow(state.block_ids, len(state.token_ids), [drafts[rid][-1]])
         return {rid: (drafts[rid], torch.stack(probs[rid]) if probs[rid] else None) for rid in live}
 
-    def _sample(self, logits: torch.Tensor, sp: SamplingParams, probs: list[torch.Tensor]) -> int:
-        """The draft at one position: the argmax for a greedy request, else drawn from q (appended to ``probs``)."""
+    def _sample(self, logits: torch.Tensor, sp: SamplingParams, position: int, probs: list[torch.Tensor]) -> int:
+        """The draft at output ``position``: the argmax for a greedy request, else drawn from q (appended to
+        ``probs``) with the request's own key when it is seeded."""
         if sp.greedy:
             return int(logits.argmax())
-        q = target_probs(logits[None], sp)[0]
-        probs.append(q)
-        return int(torch.multinomial(q, 1, generator=self.generator))
+        q = target_probs(logits[None], sp)  # [1, V]
+        probs.append(q[0])
+        if sp.seed is None:
+            u = torch.rand(1, generator=self.generator, device=q.device)
+        else:
+            u = seeded_uniforms(torch.tensor(purpose_keys(sp.seed, position, 1, DRAFT_DRAW), device=q.device))
+        return int(draw_in_order(q, u)[0])
 
     def release_others(self, request_ids: set[str]) -> None:
         """Give back the blocks of every request not in ``request_ids`` (ended, preempted or waiting)."""

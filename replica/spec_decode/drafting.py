@@ -161,12 +161,15 @@ class Drafter:
     def _propose_running(self, request: Request) -> None:
         """The draft model's drafts for ``request`` and every running request whose next input is its last token,
         in one batch of forwards (draft_proposer.py); the draft cache of requests no longer running is freed."""
+        from kvmesh.replica.spec_decode.draft_proposer import DraftRequest
+
         running = list(self.running())
         self.draft_model.release_others({r.request_id for r in running} | {request.request_id})
         batch = [request] + [r for r in running if r is not request and r.spec_token_ids is not None
                              and len(r.all_token_ids) == r.num_computed_tokens + 1 and can_speculate(r)]
-        items = [(r.request_id, r.all_token_ids, self._room(r), r.sampling_params) for r in batch]
-        proposals = self.draft_model.propose([item for item in items if item[2] > 0])
+        items = [DraftRequest(r.request_id, r.all_token_ids, self._room(r), r.sampling_params, len(r.output_token_ids))
+                 for r in batch]
+        proposals = self.draft_model.propose([item for item in items if item.max_drafts > 0])
         self.proposed = {r.request_id: Proposal(r, len(r.all_token_ids), *proposals[r.request_id])
                          for r in batch if r.request_id in proposals}
 

@@ -3,7 +3,8 @@
 A request with drafts runs as one chunk ``[last token, d0, ..., d(K-1)]``; the hidden state at chunk index j
 predicts the token after input j, so indices 0..K-1 give the targets that d0..d(K-1) are checked against
 (drafting.py accepts them), and index K is sampled as usual (the bonus token when every draft is accepted).
-``SpecVerifier`` holds the runner's generator of rejection draws (seeded from the engine's seed).
+``SpecVerifier`` holds the runner's generator of the rejection draws of unseeded requests (seeded from the engine's
+seed); a seeded request draws from keys of its own seed and positions (rejection.py), whatever shares its batch.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from kvmesh.replica.spec_decode.rejection import rejection_targets
+from kvmesh.replica.spec_decode.rejection import rejection_targets, verify_uniforms
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 FirstIndex = Callable[[list[str]], dict[str, int]]
@@ -34,8 +35,12 @@ def draft_targets(out: SchedulerOutput, first_index: FirstIndex, hidden: torch.T
     targets, at = {}, 0
     for sr in srs:
         num, sp = len(sr.spec_token_ids), sr.sampling_params
-        targets[sr.request_id] = ids[at:at + num] if sp.greedy else \
-            rejection_targets(logits[at:at + num], sr.spec_token_ids, sp, generator, sr.draft_probs)
+        if sp.greedy:
+            targets[sr.request_id] = ids[at:at + num]
+        else:
+            uniforms = verify_uniforms(sp, len(sr.output_token_ids), num, generator, logits.device)
+            targets[sr.request_id] = rejection_targets(logits[at:at + num], sr.spec_token_ids, sp, uniforms,
+                                                       sr.draft_probs)
         at += num
     return targets
 

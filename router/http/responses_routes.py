@@ -4,6 +4,7 @@
                                   admitted, routed by its rendered prefix (a continuation's prefix is its stored
                                   conversation, so it goes to the replica holding it), relayed
     GET    /v1/responses/{id}     the caller's tenant's stored Response, else 404
+    GET    /v1/responses/{id}/input_items   its input items (a page: ``limit``, ``order``, ``after``), else 404
     DELETE /v1/responses/{id}     the same, then gone
 
 The chat request carries the client's headers (its key, its session, the route receipt's opt-in: the receipt's
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
 
 import msgspec
 from kvmesh.replica.openai.auth import authorization
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.openai.responses_api.request import ResponsesRequest
-from kvmesh.replica.openai.responses_api.service import PREFIX, Answer
+from kvmesh.replica.openai.responses_api.service import INPUT_ITEMS, PREFIX, Answer
 from kvmesh.router.http.caller import bearer_key
 from kvmesh.router.http.messages import HttpRequest, Response
 
@@ -87,6 +89,10 @@ class ResponsesRoutes:
     async def stored(self, http: HttpRequest) -> Response:
         tenant = self._check(http)
         response_id = http.path[len(PREFIX):]
+        if http.method == b"GET" and response_id.endswith(INPUT_ITEMS):
+            query = dict(parse_qsl(http.target.partition(b"?")[2].decode("latin-1")))
+            page = await self.service.input_items(tenant, response_id.removesuffix(INPUT_ITEMS), query)
+            return Response(msgspec.json.encode(page))
         if http.method == b"GET":
             return Response(msgspec.json.encode(await self.service.retrieve(tenant, response_id)))
         return Response(msgspec.json.encode(await self.service.delete(tenant, response_id)))

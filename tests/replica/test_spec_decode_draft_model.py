@@ -17,8 +17,8 @@ from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.executor.factory import local_draft_model  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 from kvmesh.replica.spec_decode.config import SpeculativeConfig, parse_speculative_config  # noqa: E402
-from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer, common_prefix  # noqa: E402
-from kvmesh.replica.spec_decode.rejection import rejection_targets  # noqa: E402
+from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer, DraftRequest, common_prefix  # noqa: E402
+from kvmesh.replica.spec_decode.rejection import rejection_targets, verify_uniforms  # noqa: E402
 
 from .draft_models import draft_spec  # noqa: E402
 from .test_spec_decode_sampled import chi2_quantile_999  # noqa: E402
@@ -99,7 +99,7 @@ class Proposer:
         self.states = self.batch.states
 
     def propose(self, request_id, tokens, max_drafts, sp):
-        return self.batch.propose([(request_id, tokens, max_drafts, sp)]).get(request_id, ([], None))
+        return self.batch.propose([DraftRequest(request_id, tokens, max_drafts, sp)]).get(request_id, ([], None))
 
 
 proposer = Proposer
@@ -137,7 +137,8 @@ def test_rejection_against_q_emits_the_targets_distribution():
     sp = SamplingParams(temperature=1.0)
     gen, draws = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
     n = 6000
-    seen = Counter(rejection_targets(logits, [int(torch.multinomial(q, 1, generator=draws))], sp, gen, q[None])[0]
+    seen = Counter(rejection_targets(logits, [int(torch.multinomial(q, 1, generator=draws))], sp,
+                                     verify_uniforms(sp, 0, 1, gen, torch.device("cpu")), q[None])[0]
                    for _ in range(n))
     stat = sum((seen[t] - n * float(p[t])) ** 2 / (n * float(p[t])) for t in range(5))
     assert stat < chi2_quantile_999(4), seen
@@ -148,7 +149,8 @@ def test_a_batch_drafts_what_each_request_drafts_alone(stories_path, perturbed_d
     batch = proposer(stories_path, perturbed_draft, 64)
     batch.propose("b", b, 4, GREEDY)  # b's cache ahead: one decode row and two prefill rows in the next batch
     b2 = b + batch.states["b"].token_ids[len(b):len(b) + 1] + [9]
-    got = batch.batch.propose([("a", a, 4, GREEDY), ("b", b2, 2, GREEDY), ("c", c, 3, GREEDY)])
+    got = batch.batch.propose([DraftRequest("a", a, 4, GREEDY), DraftRequest("b", b2, 2, GREEDY),
+                               DraftRequest("c", c, 3, GREEDY)])
     for rid, tokens, k in (("a", a, 4), ("b", b2, 2), ("c", c, 3)):
         assert got[rid][0] == proposer(stories_path, perturbed_draft, 64).propose(rid, tokens, k, GREEDY)[0]
         assert len(got[rid][0]) == k
@@ -158,7 +160,7 @@ def test_a_batch_never_takes_blocks_from_its_own_requests(stories_path, perturbe
     """4 blocks of 4: a fits (3 blocks), b does not fit beside it and gets no drafts; a's blocks stay a's."""
     batch = proposer(stories_path, perturbed_draft, 4)
     a, b = [1, 403, 407, 261, 378, 445, 263], [1, 264, 383, 270, 449, 262]
-    got = batch.batch.propose([("a", a, 4, GREEDY), ("b", b, 4, GREEDY)])
+    got = batch.batch.propose([DraftRequest("a", a, 4, GREEDY), DraftRequest("b", b, 4, GREEDY)])
     assert "b" not in got and len(got["a"][0]) == 4
     assert got["a"][0] == proposer(stories_path, perturbed_draft, 64).propose("a", a, 4, GREEDY)[0]
 

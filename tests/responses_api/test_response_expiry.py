@@ -80,7 +80,7 @@ class DownStore(SQLiteResponseStore):
     def get(self, tenant, response_id):
         raise StoreUnavailable("PostgreSQL: OperationalError")
 
-    def put(self, tenant, response, conversation):
+    def put(self, tenant, response, conversation, input_items=None):
         raise StoreUnavailable("PostgreSQL: OperationalError")
 
 

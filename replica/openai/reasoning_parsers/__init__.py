@@ -22,9 +22,11 @@ REASONING_PARSERS: dict[str, type[DeepSeekR1ReasoningParser] | type[Qwen3Reasoni
 """``--reasoning-parser`` values -> parser classes."""
 
 
-def reasoning_parser(name: str, chat_template_kwargs: Mapping[str, object] | None = None) -> ReasoningParser:
-    """The parser ``name`` for one answer (``chat_template_kwargs``: the request's, which may turn thinking off)."""
-    return REASONING_PARSERS[name](chat_template_kwargs)
+def reasoning_parser(name: str, chat_template_kwargs: Mapping[str, object] | None = None,
+                     constrained: bool = False) -> ReasoningParser:
+    """The parser ``name`` for one answer (``chat_template_kwargs``: the request's, which may turn thinking off;
+    ``constrained``: a constraint writes the content after the reasoning, base.py)."""
+    return REASONING_PARSERS[name](chat_template_kwargs, constrained)
 
 
 def split_reasoning(name: str, text: str, chat_template_kwargs: Mapping[str, object] | None = None

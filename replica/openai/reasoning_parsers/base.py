@@ -38,8 +38,18 @@ class ReasoningParser(Protocol):
     """The ``--reasoning-parser`` value that selects it (vLLM's name for the same format)."""
     start_tag: ClassVar[str]
     end_tag: ClassVar[str]
+    end_pattern: ClassVar[str | None]
+    """A regular expression whose match ends the reasoning besides ``end_tag`` (None: only the tag): what the engine
+    starts a constraint at (``StructuredOutputsParams.reasoning_end_pattern``)."""
+    opener: ClassVar[str | None]
+    """A tag that may end the reasoning depending on what follows it, whitespace aside (qwen3's ``<tool_call>``):
+    while the undecided text is this tag and whitespace, more whitespace decides nothing (stream.py keeps it
+    aside instead of reading it again). None: no such tag."""
     thinking: bool
     """The answer begins with reasoning; False: the whole answer is content (the template turned thinking off)."""
+    constrained: bool
+    """The answer's content is a constraint's output (a structured output or a forced tool call that waits for the
+    reasoning): text that ended the reasoning without an end tag is not content (the constraint starts after it)."""
 
     def find_end(self, text: str, start: int, final: bool) -> ReasoningEnd | int:
         """Where the reasoning in ``text[start:]`` ends; when it does not yet: how far ``text`` is surely reasoning
@@ -53,9 +63,11 @@ class ThinkTagParser:
     name: ClassVar[str] = ""
     start_tag: ClassVar[str] = "<think>"
     end_tag: ClassVar[str] = "</think>"
+    end_pattern: ClassVar[str | None] = None
+    opener: ClassVar[str | None] = None
 
-    def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None) -> None:
-        self.thinking = True
+    def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None, constrained: bool = False) -> None:
+        self.thinking, self.constrained = True, constrained
 
     def find_end(self, text: str, start: int, final: bool) -> ReasoningEnd | int:
         at = text.find(self.end_tag, start)

@@ -8,7 +8,8 @@ Read as vLLM's ``qwen3`` parser reads it:
 - ``chat_template_kwargs: {"enable_thinking": false}`` makes the template write an empty think block into the
   prompt: the whole answer is content;
 - Qwen3.5 may call a tool from inside its thinking: ``<tool_call>`` followed by ``<function`` ends the reasoning
-  there, the call (tag included) being the content;
+  there, the call (tag included) being the content; for a constrained answer (a structured output or a forced tool
+  call) the constraint starts right after that opener, so the content is what the constraint wrote after it;
 - an answer cut off before ``</think>`` is all reasoning.
 """
 
@@ -24,13 +25,16 @@ from kvmesh.replica.openai.tool_parsers.base import held_back
 TOOL_CALL_TAG = "<tool_call>"
 FUNCTION_OPEN = "<function"
 _FUNCTION = re.compile(r"\s*<function[\s=]")
+"""What must follow TOOL_CALL_TAG for it to open a call."""
 
 
 class Qwen3ReasoningParser(ThinkTagParser):
     name: ClassVar[str] = "qwen3"
+    end_pattern: ClassVar[str | None] = re.escape(TOOL_CALL_TAG) + _FUNCTION.pattern
+    opener: ClassVar[str | None] = TOOL_CALL_TAG
 
-    def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None) -> None:
-        super().__init__(chat_template_kwargs)
+    def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None, constrained: bool = False) -> None:
+        super().__init__(chat_template_kwargs, constrained)
         self.thinking = bool((chat_template_kwargs or {}).get("enable_thinking", True))
 
     def find_end(self, text: str, start: int, final: bool) -> ReasoningEnd | int:
@@ -39,8 +43,8 @@ class Qwen3ReasoningParser(ThinkTagParser):
         at = text.find(TOOL_CALL_TAG, start, stop)
         while at >= 0:  # a call from inside the thinking, when <function follows
             after = at + len(TOOL_CALL_TAG)
-            if _FUNCTION.match(text, after):
-                return ReasoningEnd(at, at)
+            if (opener := _FUNCTION.match(text, after)) is not None:
+                return ReasoningEnd(at, opener.end() if self.constrained else at)
             rest = text[after:].lstrip()
             if not final and FUNCTION_OPEN.startswith(rest):  # undecided until more text comes
                 return at

@@ -6,7 +6,8 @@
     feed("ink>\\n4")     -> ("", "\\n4")     everything after the end tag is content
 
 The whole answer is the same fed in one piece (``split``), so a streamed answer joins to the whole one for any cut
-of the text into deltas.
+of the text into deltas. Each delta is read once: text held back is a tag's few characters, or a parser's opener
+followed by whitespace, which is set aside (``spaces``) rather than read again with every delta.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class ReasoningStream:
     def __init__(self, parser: ReasoningParser) -> None:
         self.parser = parser
         self.held = ""  # text not given out yet: a possible tag (what is given out is not kept)
+        self.spaces: list[str] | None = None  # whitespace deltas after a held opener (None: held is not one)
         self.in_reasoning = parser.thinking
         self._start_open = parser.thinking  # the start tag may still come (dropped once, before the end)
 
@@ -28,6 +30,11 @@ class ReasoningStream:
         """(reasoning delta, content delta) after ``delta`` (``final``: the last piece)."""
         if not self.in_reasoning:
             return "", delta
+        if self.spaces is not None:
+            if not final and delta.isspace():
+                self.spaces.append(delta)  # the opener is undecided still
+                return "", ""
+            self.held, self.spaces = self.held + "".join(self.spaces), None
         parser, text, at, reasoning = self.parser, self.held + delta, 0, ""
         if self._start_open:
             start = text.find(parser.start_tag)
@@ -45,6 +52,10 @@ class ReasoningStream:
             end = min(end, len(text) - held_back(text, parser.start_tag))
         end = max(end, at)
         self.held = text[end:]
+        opener = parser.opener
+        if opener is not None and self.held.startswith(opener) and (self.held[len(opener):].isspace()
+                                                                    or len(self.held) == len(opener)):
+            self.spaces = []
         return reasoning + text[at:end], ""
 
 

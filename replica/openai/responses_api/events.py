@@ -6,11 +6,13 @@
         text:      response.content_part.added, response.output_text.delta ..., response.output_text.done,
                    response.content_part.done
         reasoning: response.reasoning_text.delta ..., response.reasoning_text.done (a reasoning parser's
-                   ``reasoning_content`` deltas)
+                   ``reasoning`` / ``reasoning_content`` deltas)
         call:      response.function_call_arguments.delta ..., response.function_call_arguments.done
-        response.output_item.done
-    response.completed (or response.incomplete at max_output_tokens)
-    on an error: error, then response.failed
+        response.output_item.done (the last item ``incomplete`` when max_output_tokens cut it)
+    response.completed (or response.incomplete at max_output_tokens, and for a cancelled answer: status
+    "cancelled", OpenAI having no event of its own for it)
+    on an error: error, then response.failed; a choice that ends with its own error (``finish_reason: "error"``
+    with the request's ``error``, a 4xx) fails with that error, as the unstreamed request's 400
 
 Each event is ``event: <type>`` and ``data: <json>`` with a rising ``sequence_number``; there is no ``[DONE]``.
 """
@@ -22,7 +24,16 @@ from collections.abc import AsyncIterator
 
 from kvmesh.replica.serving.json_types import JSONObject
 
-from .output import finished, function_call_item, message_item, new_id, reasoning_item, text_part
+from .output import (
+    finished,
+    function_call_item,
+    message_item,
+    new_id,
+    reasoning_item,
+    reasoning_of,
+    status_of,
+    text_part,
+)
 
 
 def sse_event(event: JSONObject) -> bytes:
@@ -58,6 +69,8 @@ class ResponseEvents:
         self._open: JSONObject | None = None
         self._calls: dict[int, JSONObject] = {}
         """The chat's tool-call index -> its function_call item."""
+        self.client_error: JSONObject | None = None
+        """The request's own error a choice ended with (``fail`` it); None: none."""
 
     def _event(self, kind: str, **fields) -> bytes:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -75,14 +88,17 @@ class ResponseEvents:
         events: list[bytes] = []
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            if reasoning := delta.get("reasoning_content"):
-                events += self._text("reasoning", reasoning)
+            if reasoning := reasoning_of(delta):
+                events += self._text("reasoning", str(reasoning))
             if content := delta.get("content"):
                 events += self._text("message", content)
             for call in delta.get("tool_calls") or []:
                 events += self._call(call)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+                error = choice.get("error")
+                if choice["finish_reason"] == "error" and isinstance(error, dict):
+                    self.client_error = error
         return events
 
     def _text(self, kind: str, text: str) -> list[bytes]:
@@ -126,8 +142,9 @@ class ResponseEvents:
                                       content_index=0, part=text_part("")))
         return events
 
-    def _close(self) -> list[bytes]:
-        """The done events of the open item (its text or arguments complete)."""
+    def _close(self, status: str = "completed") -> list[bytes]:
+        """The done events of the open item (its text or arguments complete; ``status``: "incomplete" when it was
+        cut)."""
         item, self._open = self._open, None
         if item is None:
             return []
@@ -144,16 +161,17 @@ class ResponseEvents:
         else:
             events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                       output_index=index, name=item["name"], arguments=item["arguments"]))
-        item["status"] = "completed"
+        item["status"] = status
         events.append(self._event("response.output_item.done", output_index=index, item=item))
         return events
 
     def finish(self) -> list[bytes]:
         """The done events of every open item; ``response`` is then the finished Response (``completed`` sends it)."""
-        events = self._close()
+        last = "incomplete" if status_of(self.finish_reason)[0] == "incomplete" else "completed"
+        events = self._close(last)
         if not self.output:  # an answer with no text at all is still one (empty) message, as a whole answer is
             events += self._add(message_item("", "in_progress"))
-            events += self._close()
+            events += self._close(last)
         self.response = finished(self.response, self.output, self.finish_reason, self.usage)
         return events
 
@@ -164,14 +182,14 @@ class ResponseEvents:
         return self._event(kind, response=self.response)
 
     def fail(self, error: JSONObject) -> list[bytes]:
-        """An ``error`` event with the chat's error (``{"message", "code", "param"?}``), then ``response.failed``
-        (its ``error.code`` one of OpenAI's: ``rate_limit_exceeded`` for a 429, ``invalid_prompt`` for another 4xx,
-        else ``server_error``)."""
+        """An ``error`` event with the chat's error (``{"message", "code", "type"?, "param"?}``: the event's ``code``
+        is its type when it has one), then ``response.failed`` (its ``error.code`` one of OpenAI's:
+        ``rate_limit_exceeded`` for a 429, ``invalid_prompt`` for another 4xx, else ``server_error``)."""
         code, message = error.get("code"), str(error.get("message", ""))
         status = code if isinstance(code, int) else 500
         kind = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if 400 <= status < 500 else "server_error"
         self.response = {**self.response, "status": "failed", "output": self.output,
                          "error": {"code": kind, "message": message}}
-        return [self._event("error", code=None if code is None else str(code), message=message,
-                            param=error.get("param")),
+        name = error.get("type") if isinstance(error.get("type"), str) else None if code is None else str(code)
+        return [self._event("error", code=name, message=message, param=error.get("param")),
                 self._event("response.failed", response=self.response)]

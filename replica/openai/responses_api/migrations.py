@@ -37,10 +37,12 @@ SQLITE = Types(blob="BLOB", real="REAL", int="INTEGER")
 POSTGRES = Types(blob="BYTEA", real="DOUBLE PRECISION", int="BIGINT")
 
 MIGRATIONS: list[str] = [
-    # 1: responses with their conversations, each tenant's bytes, the notes of responses gone for a bound
+    # 1: responses with their conversations and input items, each tenant's bytes, the notes of responses gone for a
+    # bound
     """
     CREATE TABLE kvmesh_responses (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, used {real} NOT NULL,
-                                   size {int} NOT NULL, response {blob} NOT NULL, conversation {blob} NOT NULL);
+                                   size {int} NOT NULL, response {blob} NOT NULL, conversation {blob} NOT NULL,
+                                   input_items {blob} NOT NULL);
     CREATE INDEX kvmesh_responses_tenant_used ON kvmesh_responses (tenant, used);
     CREATE INDEX kvmesh_responses_used ON kvmesh_responses (used);
     CREATE TABLE kvmesh_response_bytes (tenant TEXT PRIMARY KEY, bytes {int} NOT NULL);

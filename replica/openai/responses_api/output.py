@@ -1,13 +1,14 @@
 """A chat answer as a Response: its output items, usage, status, and the Response object around them.
 
-    chat message {"content", "tool_calls", "reasoning_content"?}  ->  output items, in order:
-        reasoning       when the chat message carries ``reasoning_content`` (a server with a reasoning parser)
+    chat message {"content", "tool_calls", "reasoning"? / "reasoning_content"?}  ->  output items, in order:
+        reasoning       when the chat message carries reasoning (a server with a reasoning parser: vLLM's newer
+                        ``reasoning``, else ``reasoning_content``)
         message         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text"}]}
         function_call   one per tool call: {"type": "function_call", "call_id", "name", "arguments"}
     chat usage {prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}
         ->  {input_tokens, input_tokens_details.cached_tokens, output_tokens, output_tokens_details, total_tokens}
-    finish_reason "length"  ->  status "incomplete", incomplete_details.reason "max_output_tokens"; "abort" ->
-    "cancelled"; "error" -> "failed" (with ``error``)
+    finish_reason "length"  ->  status "incomplete", incomplete_details.reason "max_output_tokens", the last item
+    (the one cut) "incomplete"; "abort" -> "cancelled"; "error" -> "failed" (with ``error``)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def text_part(text: str) -> JSONObject:
 
 
 def reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> JSONObject:
-    """The reasoning before an answer (a chat message's ``reasoning_content``) as OpenAI's reasoning item."""
+    """The reasoning before an answer (a chat message's ``reasoning``) as OpenAI's reasoning item."""
     return {"type": "reasoning", "id": item_id or new_id("rs"), "summary": [], "status": status,
             "content": [{"type": "reasoning_text", "text": text}]}
 
@@ -47,10 +48,16 @@ def function_call_item(call_id: str, name: str, arguments: str, status: str = "c
             "arguments": arguments, "status": status}
 
 
+def reasoning_of(message: JSONObject) -> JsonValue:
+    """A chat message's (or delta's) reasoning: vLLM's ``reasoning``, else the older ``reasoning_content`` (a server
+    that writes both writes the same text: read once)."""
+    return message.get("reasoning") or message.get("reasoning_content")
+
+
 def output_items(message: JSONObject) -> list[JSONObject]:
     """A chat answer's message as output items (module doc)."""
     items: list[JSONObject] = []
-    if reasoning := message.get("reasoning_content"):
+    if reasoning := reasoning_of(message):
         items.append(reasoning_item(str(reasoning)))
     content = message.get("content")
     if content or not message.get("tool_calls"):
@@ -118,6 +125,8 @@ def finished(response: JSONObject, output: list[JSONObject], finish_reason: str 
              chat_usage: JSONObject | None) -> JSONObject:
     """``response`` with its output, usage and final status."""
     status, incomplete = status_of(finish_reason)
+    if status == "incomplete" and output:
+        output = [*output[:-1], {**output[-1], "status": "incomplete"}]  # the item the cut ended
     return {**response, "status": status, "incomplete_details": incomplete, "output": output,
             "error": FAILED_ANSWER if status == "failed" else None, "usage": usage(chat_usage),
             "completed_at": int(time.time()) if status == "completed" else None}

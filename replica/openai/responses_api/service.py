@@ -5,6 +5,7 @@
               rendered prefix like any chat; the replica runs it) -> the Response, whole or as events; stored when
               ``store`` (store.py)
     retrieve  ``GET /v1/responses/{id}``: the tenant's stored Response, else 404
+    list      ``GET /v1/responses/{id}/input_items``: its input items, a page of OpenAI's list (input_items.py)
     delete    ``DELETE /v1/responses/{id}``: the same, then gone
 
 An id that is not the caller's tenant's answers 404 "not found" whether another tenant holds it or none does; one of
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -28,12 +29,15 @@ from kvmesh.replica.serving.json_types import JSONObject
 from pydantic import JsonValue
 
 from .events import ResponseEvents, sse_data
+from .input_items import list_page, stored_items
 from .output import assistant_message, from_chat, new_id, response_object
 from .request import ResponsesRequest
 from .store import Expired, ResponseStore, StoredResponse, StoreUnavailable
 
 PREFIX = "/v1/responses/"
 """``GET`` and ``DELETE`` take the id after it."""
+INPUT_ITEMS = "/input_items"
+"""``GET PREFIX + id + INPUT_ITEMS`` lists the response's input items."""
 CHAT_PARAMS = {"messages": "input", "prompt": "input", "max_tokens": "max_output_tokens",
                "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
                "structured_outputs": "text.format"}
@@ -118,6 +122,13 @@ class ResponsesService:
             raise lookup_error(response_id, stored)
         return stored.response
 
+    async def input_items(self, tenant: str, response_id: str, params: Mapping[str, str]) -> JSONObject:
+        """A page of the tenant's stored response's input items (``params``: the query's limit, order, after)."""
+        stored = await self._stored(self.store.get, tenant, response_id)
+        if not isinstance(stored, StoredResponse):
+            raise lookup_error(response_id, stored)
+        return list_page(stored.input_items, params)
+
     async def delete(self, tenant: str, response_id: str) -> JSONObject:
         deleted = await self._stored(self.store.delete, tenant, response_id)
         if deleted is not True:
@@ -156,7 +167,7 @@ class ResponsesService:
             return response
         whole = [*conversation, assistant_message(response["output"])]
         try:
-            kept = await self._stored(self.store.put, tenant, response, whole)
+            kept = await self._stored(self.store.put, tenant, response, whole, stored_items(req.input))
         except ProtocolError:  # the database did not answer: the answer is the client's all the same
             kept = False
         return response if kept else {**response, "store": False}
@@ -176,6 +187,10 @@ class ResponsesService:
                         return
                     for event in events.chunk(data):
                         yield event
+                    if events.client_error is not None:  # the request's own error, as its unstreamed 400
+                        for event in events.fail(events.client_error):
+                            yield event
+                        return
             except ProtocolError as e:
                 for event in events.fail(e.to_dict()["error"]):
                     yield event

@@ -47,15 +47,15 @@ class SQLResponseStore(ResponseStore):
     def get(self, tenant: str, response_id: str) -> StoredResponse | Expired | None:
         now = self.clock()
         with self._read() as run:
-            rows = run("SELECT response, conversation, used FROM kvmesh_responses WHERE id = ? AND tenant = ?",
-                       (response_id, tenant))
+            rows = run("SELECT response, conversation, input_items, used FROM kvmesh_responses WHERE id = ? AND "
+                       "tenant = ?", (response_id, tenant))
             if not rows:
                 return self._expired(run, tenant, response_id)
-            body, history, used = rows[0]
+            *blobs, used = rows[0]
             if used < now - self.max_age_s:  # aged out, not dropped yet (the next store drops it)
                 return Expired(UNUSED, used + self.max_age_s)
             run("UPDATE kvmesh_responses SET used = ? WHERE id = ?", (now, response_id))
-        return StoredResponse(msgspec.json.decode(bytes(body)), msgspec.json.decode(bytes(history)))
+        return StoredResponse(*(msgspec.json.decode(bytes(blob)) for blob in blobs))
 
     def tenant_bytes(self, tenant: str) -> int:
         with self._read() as run:
@@ -67,9 +67,11 @@ class SQLResponseStore(ResponseStore):
             return self._total(run)
 
     # ---------------------------------------------------------------- writes
-    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue]) -> bool:
+    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue],
+            input_items: list[JsonValue] | None = None) -> bool:
         body, history = msgspec.json.encode(response), msgspec.json.encode(conversation)
-        size = len(body) + len(history)
+        items = msgspec.json.encode(input_items or [])
+        size = len(body) + len(history) + len(items)
         if size > min(self.max_bytes_per_tenant, self.max_bytes):
             return False
         now = self.clock()
@@ -80,8 +82,8 @@ class SQLResponseStore(ResponseStore):
                         TENANT_BYTES, now)
             self._evict(run, "1 = 1", (), self._total(run) + size - self.max_bytes, TOTAL_BYTES, now)
             self._drop(run, "id = ?", (response["id"],), None, now)
-            run("INSERT INTO kvmesh_responses (id, tenant, used, size, response, conversation) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (response["id"], tenant, now, size, body, history))
+            run("INSERT INTO kvmesh_responses (id, tenant, used, size, response, conversation, input_items) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)", (response["id"], tenant, now, size, body, history, items))
             self._add(run, tenant, size)
         return True
 

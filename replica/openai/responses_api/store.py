@@ -1,7 +1,8 @@
 """Stored responses: per tenant, bounded in bytes and in age, in a database that outlives the router.
 
-A stored response keeps its Response object and its whole conversation (the chat messages a continuation renders
-before its own input: earlier turns and this one's input and output), so continuing it is one read and evicting
+A stored response keeps its Response object, its whole conversation (the chat messages a continuation renders
+before its own input: earlier turns and this one's input and output) and its request's input items (what
+``GET /v1/responses/{id}/input_items`` lists: input_items.py), so continuing it is one read and evicting
 one response never breaks another's conversation. A row belongs to the tenant that stored it: reading, continuing
 or deleting it with another tenant's credentials finds nothing (the caller answers 404, as for an id never stored).
 
@@ -44,6 +45,8 @@ class StoredResponse:
     """The Response object as it was answered."""
     conversation: list[JsonValue]
     """The chat messages up to and including this response's output."""
+    input_items: list[JsonValue]
+    """The request's input as OpenAI's items, each with its id (input_items.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +72,10 @@ class ResponseStore(ABC):
         of this tenant's."""
 
     @abstractmethod
-    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue]) -> bool:
-        """Store ``response`` for ``tenant`` within the bounds; False: larger than a bound alone."""
+    def put(self, tenant: str, response: JSONObject, conversation: list[JsonValue],
+            input_items: list[JsonValue] | None = None) -> bool:
+        """Store ``response`` for ``tenant`` within the bounds, with its request's ``input_items``; False: larger
+        than a bound alone."""
 
     @abstractmethod
     def delete(self, tenant: str, response_id: str) -> bool | Expired:
