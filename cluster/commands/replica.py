@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
-from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
-from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
+from kvmesh.cluster.config.vllm_forms import add_model_argument
+from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, cpu_notes, print_vllm_notes
 
 if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface
@@ -34,8 +34,7 @@ def add_parser(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_argument(p)
     add_config_arguments(p, REPLICA_SCHEMA)
-    refuse_vllm_only_flags(p)
-    accept_no_effect_flags(p)
+    accept_vllm_flags(p)
     p.set_defaults(func=run)
 
 
@@ -89,6 +88,15 @@ def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | Non
                                 model_runner=model_runner, kv_transfer=config.kv_transfer)
 
 
+def _device(config: ReplicaCommandConfig) -> str:
+    """Where the engine will run: its configured device, else cuda when torch sees one (the engine's rule)."""
+    if config.engine.device is not None:
+        return config.engine.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
@@ -98,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvmesh replica: {e}", file=sys.stderr)
         return 2
-    print_no_effect_notes(args, "replica")
+    print_vllm_notes(args, "replica")
+    for note in cpu_notes(args) if _device(config) == "cpu" else ():
+        print(f"kvmesh replica: {note}", file=sys.stderr, flush=True)
     try:
         runtime = start(config)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile

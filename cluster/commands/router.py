@@ -18,8 +18,7 @@ from dataclasses import replace
 
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import ROUTER_SCHEMA
-from kvmesh.cluster.config.vllm_forms import refuse_vllm_only_flags
-from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
+from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, print_vllm_notes
 
 
 def add_parser(subparsers) -> None:
@@ -29,8 +28,7 @@ def add_parser(subparsers) -> None:
                    help="a replica to route to (repeat; more can be added at runtime with POST /replicas)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_config_arguments(p, ROUTER_SCHEMA)
-    refuse_vllm_only_flags(p)
-    accept_no_effect_flags(p)
+    accept_vllm_flags(p)
     p.set_defaults(func=run)
 
 
@@ -62,7 +60,7 @@ def run(args) -> int:
     except (ConfigError, ValueError, TypeError, OSError) as e:
         print(f"kvmesh router: {e}", file=sys.stderr)
         return 2
-    print_no_effect_notes(args, "router")
+    print_vllm_notes(args, "router")
     if config.model is None and config.tokenizer is None:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
     logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
-from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
-from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
+from kvmesh.cluster.config.vllm_forms import add_model_argument
+from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, cpu_notes, print_vllm_notes
 from kvmesh.cluster.interrupts import Interrupts, Terminated
 
 if TYPE_CHECKING:
@@ -46,8 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="show the replicas' logs")
     add_model_argument(parser)
     add_config_arguments(parser, SERVE_SCHEMA)
-    refuse_vllm_only_flags(parser)
-    accept_no_effect_flags(parser)
+    accept_vllm_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -69,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, PreflightError) as e:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
-    print_no_effect_notes(args, "serve")
+    print_vllm_notes(args, "serve")
 
     from kvmesh.cluster.fleet.deployment_fleet import DeploymentFleet
     from kvmesh.cluster.fleet.operations import Fleet
@@ -81,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     interrupts.install()
     cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="",
                            fleet=DeploymentFleet if config.deployments.models else Fleet)
+    cluster.cpu_notes = tuple(cpu_notes(args))
     code = 0
     try:
         cluster.start()

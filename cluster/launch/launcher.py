@@ -79,6 +79,8 @@ class ServeCluster:
         self.fleet: ClusterFleet | None = None
         """The fleet ``make_fleet`` built (cluster/fleet/operations.py's): runtime scaling, drains, rolling restarts."""
         self.started_at = time.monotonic()
+        self.cpu_notes: tuple[str, ...] = ()
+        """Lines said once when the replicas turn out to run on CPU (flags given that change nothing there)."""
         self._spawn: dict[str, Callable[[], ActorHandle]] = {}  # replica id -> makes its actor (again)
         # SECRET: the cluster's hash seed, generated here unless configured; replicas get it as an actor
         # argument, the router only the salt secret derived from it (kvcache.hashing.cache_salt_secret).
@@ -103,6 +105,8 @@ class ServeCluster:
         st.ray = ray_cluster.connect(cfg, log_to_driver=self.log_to_driver)
         preflight.check_port_free(ray_cluster.router_host(cfg, st.ray), cfg.router.port, "router.port")
         st.device = ray_cluster.resolve_device(cfg, st.ray)
+        for note in self.cpu_notes if st.device == "cpu" else ():
+            self.report(note)
         if cfg.deployments.models:  # several models: the first one's is the router's own (its tokenizer)
             self.units = plan_units(cfg, st.ray, st.device, self._hash_seed, self.report)
             st.model_path, st.served_model_name = self.units[0].model_path, self.units[0].served_model_name
