@@ -18,9 +18,12 @@ from kvmesh.cluster.config.trees import SERVE_SCHEMA
 HEADER = """# CLI reference
 
 Generated from the argument parsers (`python -m kvmesh.cluster.cli_reference > docs/cli.md`; a test keeps it
-so). Every command also answers `--help`. Flags that set a key of the config tree are listed by section: each
-one's meaning, default and environment variable are in the [configuration reference](configuration.md), and
-the same key is read from `--config FILE` and from `KVMESH_<SECTION>_<FIELD>`.
+so). Every command also answers `--help`; `kvmesh serve`, `replica` and `router` list there the flags most runs
+need, grouped by task, and answer `--help=all` (every flag), `--help=SECTION` (one section: `engine`, `router`,
+...) and `--help=WORD` (the flags whose name has WORD), as `vllm serve --help=...` does. Flags that set a key of
+the config tree are listed by section: each one's meaning, default and environment variable are in the
+[configuration reference](configuration.md), and the same key is read from `--config FILE` and from
+`KVMESH_<SECTION>_<FIELD>`.
 """
 
 NESTED = {"bench load": "kvmesh.cluster.measure.loadgen.load",

@@ -18,6 +18,7 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.cli_help import add_grouped_help
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
 from kvmesh.cluster.config.vllm_forms import add_model_argument
@@ -28,13 +29,25 @@ if TYPE_CHECKING:
     from kvmesh.replica.runtime import ReplicaRuntime
 
 
+COMMON_FLAGS = {
+    "the model": ["MODEL", "--served-model-name", "--tokenizer", "--dtype", "--max-model-len", "--chat-template"],
+    "where it listens, who may call it": ["--host", "--port", "--event-port", "--api-key"],
+    "the device, memory and batching": ["--device", "--tensor-parallel-size", "--gpu-memory-utilization",
+                                        "--kv-cache-memory", "--max-num-seqs"],
+    "tools and reasoning": ["--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser"],
+    "this run": ["--config", "--help"],
+}
+"""What ``kvmesh replica --help`` shows (the rest: --help=all, --help=SECTION)."""
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "replica", help="serve one model replica (OpenAI HTTP + KV events) without the cluster",
+        "replica", help="serve one model replica (OpenAI HTTP + KV events) without the cluster", add_help=False,
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_argument(p)
     add_config_arguments(p, REPLICA_SCHEMA)
     accept_vllm_flags(p)
+    add_grouped_help(p, COMMON_FLAGS)
     p.set_defaults(func=run)
 
 

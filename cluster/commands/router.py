@@ -16,19 +16,31 @@ import argparse
 import sys
 from dataclasses import replace
 
+from kvmesh.cluster.cli_help import add_grouped_help
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import ROUTER_SCHEMA
 from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, print_vllm_notes
 
+COMMON_FLAGS = {
+    "the replicas and their model": ["--replica", "--model", "--tokenizer", "--served-model-name"],
+    "where it listens, who may call it": ["--host", "--port", "--api-key", "--workers"],
+    "routing": ["--policy", "--policy-kwargs"],
+    "tools and reasoning": ["--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser"],
+    "this run": ["--config", "--log-level", "--help"],
+}
+"""What ``kvmesh router --help`` shows (the rest: --help=all, --help=SECTION)."""
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("router", help="run the KV-cache-aware router (OpenAI API) in front of replicas",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              add_help=False, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replica", action="append", default=[], metavar="URL[,events=tcp://H:P,replay=tcp://H:P,name=ID]",
                    help="a replica to route to (repeat; more can be added at runtime with POST /replicas)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_config_arguments(p, ROUTER_SCHEMA)
     accept_vllm_flags(p)
+    add_grouped_help(p, COMMON_FLAGS)
     p.set_defaults(func=run)
 
 

@@ -21,6 +21,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.cli_help import add_grouped_help
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 from kvmesh.cluster.config.vllm_forms import add_model_argument
@@ -37,9 +38,23 @@ EXAMPLE_HEADER = """\
 # engine.kv_cache_memory null: 1 GiB per replica on CPU, 64 MiB for the embedded model."""
 
 
+COMMON_FLAGS = {
+    "the model": ["MODEL", "--served-model-name", "--tokenizer", "--dtype", "--max-model-len", "--chat-template"],
+    "where it listens, who may call it": ["--host", "--port", "--api-key"],
+    "how many replicas, on what": ["--num-replicas", "--tensor-parallel-size", "--device", "--address"],
+    "memory and batching": ["--gpu-memory-utilization", "--kv-cache-memory", "--max-num-seqs",
+                            "--max-num-batched-tokens"],
+    "tools, reasoning, adapters": ["--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
+                                   "--enable-lora", "--lora-modules"],
+    "routing": ["--policy", "--policy-kwargs"],
+    "this run": ["--config", "--print-config", "--verbose", "--help"],
+}
+"""What ``kvmesh serve --help`` shows, by what users do with them (the rest: --help=all, --help=SECTION)."""
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "serve", help="run a kvmesh cluster (embedded Ray on CPU by default)",
+        "serve", help="run a kvmesh cluster (embedded Ray on CPU by default)", add_help=False,
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective config as commented YAML (secrets redacted) and exit")
@@ -47,6 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model_argument(parser)
     add_config_arguments(parser, SERVE_SCHEMA)
     accept_vllm_flags(parser)
+    add_grouped_help(parser, COMMON_FLAGS)
     parser.set_defaults(func=run)
 
 
