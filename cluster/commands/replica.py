@@ -23,6 +23,7 @@ from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
 from kvmesh.cluster.config.vllm_forms import add_model_argument
 from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, cpu_notes, print_vllm_notes
+from kvmesh.cluster.open_bind import warn_open_bind
 
 if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface
@@ -122,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     print_vllm_notes(args, "replica")
     for note in cpu_notes(args) if _device(config) == "cpu" else ():
         print(f"kvmesh replica: {note}", file=sys.stderr, flush=True)
+    warn_open_bind("replica", "the replica", config.server.host, config.server.port,
+                   keyed=config.server.api_key is not None or config.server.router_only)
     try:
         runtime = start(config)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile

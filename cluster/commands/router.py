@@ -20,6 +20,7 @@ from kvmesh.cluster.cli_help import add_grouped_help
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import ROUTER_SCHEMA
 from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, print_vllm_notes
+from kvmesh.cluster.open_bind import warn_open_bind
 
 COMMON_FLAGS = {
     "the replicas and their model": ["--replica", "--model", "--tokenizer", "--served-model-name"],
@@ -73,6 +74,9 @@ def run(args) -> int:
         print(f"kvmesh router: {e}", file=sys.stderr)
         return 2
     print_vllm_notes(args, "router")
+    warn_open_bind("router", "the router", config.host, config.port,
+                   keyed=config.api_key is not None or config.admission.keys_file is not None,
+                   key_flags="--api-key, or --admission-keys-file")
     if config.model is None and config.tokenizer is None:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
     logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,

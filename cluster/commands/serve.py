@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 import traceback
+import urllib.parse
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.cli_help import add_grouped_help
@@ -27,6 +28,7 @@ from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 from kvmesh.cluster.config.vllm_forms import add_model_argument
 from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, cpu_notes, print_vllm_notes
 from kvmesh.cluster.interrupts import Interrupts, Terminated
+from kvmesh.cluster.open_bind import warn_open_bind
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.launcher import ServeCluster
@@ -70,7 +72,9 @@ def report(message: str) -> None:
     print(f"kvmesh: {message}", flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def prepare(args: argparse.Namespace) -> ServeConfig | int:
+    """The config checked, its notes and warnings said, before Ray starts; or the exit code (an error, or
+    ``--print-config`` done)."""
     from kvmesh.cluster.config.flags import ConfigError, config_from_args
     from kvmesh.cluster.config.reference import commented_yaml
     from kvmesh.cluster.launch.preflight import PreflightError, check
@@ -85,6 +89,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
     print_vllm_notes(args, "serve")
+    if config.router.host != "auto":  # "auto" in a Ray cluster: the node's address, said once it is known
+        _warn_open_bind(config, config.router.host)
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = prepare(args)
+    if isinstance(config, int):
+        return config
 
     from kvmesh.cluster.fleet.deployment_fleet import DeploymentFleet
     from kvmesh.cluster.fleet.operations import Fleet
@@ -102,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         cluster.start()
         interrupts.install()  # again: a library may have replaced the handlers (connect keeps them past ray.init)
         _print_ready(config, cluster)
+        if config.router.host == "auto":  # a Ray cluster's router binds its node's address
+            _warn_open_bind(config, urllib.parse.urlsplit(cluster.url).hostname or "")
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, Terminated):
@@ -125,6 +140,13 @@ def run(args: argparse.Namespace) -> int:
         ray_cluster.end_descendants()
         report("stopped")
     return code
+
+
+def _warn_open_bind(config: ServeConfig, host: str) -> bool:
+    router = config.router
+    return warn_open_bind("serve", "the router", host, router.port,
+                          keyed=router.api_key is not None or router.admission.keys_file is not None,
+                          key_flags="--api-key, or --admission-keys-file")
 
 
 def _print_ready(config: ServeConfig, cluster: ServeCluster) -> None:
