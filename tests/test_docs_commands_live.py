@@ -92,6 +92,9 @@ def test_live_blocks_against_kvmesh_serve(guide_cluster, tmp_path):
             if "openai" in block.text and importlib.util.find_spec("openai") is None:
                 skipped.append(f"{block.where} (needs the openai package)")
                 continue
+            if "from agents import" in block.text and importlib.util.find_spec("agents") is None:
+                skipped.append(f"{block.where} (needs openai-agents; tests/test_readme_agent_loop.py runs it)")
+                continue
             script = tmp_path / f"{block.path.replace('/', '_')}_{block.line}.py"
             script.write_text(on_port(block.text, port))
             run_command(f"{sys.executable} {script}", block.where, tmp_path, env, COMMAND_TIMEOUT_S)

@@ -76,7 +76,12 @@ def embedded(config: ReplicaCommandConfig) -> ReplicaCommandConfig:
     """The config with ``--model embedded`` made the embedded model's files, random weights, its KV cache size and
     its served name, as ``kvmesh serve`` gives them to its replicas; any other model as it is."""
     from kvmesh.cluster.config.trees import EMBEDDED_MODEL
-    from kvmesh.cluster.launch.embedded_model import SERVED_NAME, embedded_model_files, materialize
+    from kvmesh.cluster.launch.embedded_model import (
+        SERVED_NAME,
+        embedded_model_files,
+        materialize,
+        served_frontend,
+    )
     from kvmesh.cluster.launch.replica_sections import EMBEDDED_KV_CACHE_MEMORY
 
     engine = config.engine
@@ -85,7 +90,7 @@ def embedded(config: ReplicaCommandConfig) -> ReplicaCommandConfig:
     engine = replace(engine, model=materialize(embedded_model_files()), load_format="dummy",
                      kv_cache_memory=engine.kv_cache_memory or EMBEDDED_KV_CACHE_MEMORY)
     server = replace(config.server, served_model_name=config.server.served_model_name or SERVED_NAME)
-    return replace(config, engine=engine, server=server)
+    return replace(config, engine=engine, server=server, frontend=served_frontend(config.frontend, EMBEDDED_MODEL))
 
 
 def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | None = None) -> ReplicaRuntime:

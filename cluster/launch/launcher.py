@@ -33,7 +33,7 @@ from kvmesh.cluster.config.roles import Role, replica_name, serving_role
 from kvmesh.cluster.config.trees import ServeConfig
 from kvmesh.cluster.launch import placement, preflight, ray_cluster
 from kvmesh.cluster.launch.deployment_launch import DeploymentUnit, place_units, plan_units
-from kvmesh.cluster.launch.embedded_model import SERVED_NAME
+from kvmesh.cluster.launch.embedded_model import SERVED_NAME, served_frontend
 from kvmesh.cluster.launch.event_keys import curve_keys
 from kvmesh.cluster.launch.model_files import resolve_model_path
 from kvmesh.cluster.launch.readiness import wait_replicas_ready, wait_router_sees
@@ -164,8 +164,8 @@ class ServeCluster:
                        tokenizer=engine.tokenizer, served_model_name=self._router_served_names(),
                        max_model_len=engine.max_model_len, block_size=engine.block_size,
                        upstream=replace(cfg.router.upstream, replica_api_key=None), internal_key=self._internal_key,
-                       admin_key=admin_key,
-                       frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
+                       admin_key=admin_key, frontend=served_frontend(cfg.frontend, cfg.engine.model),
+                       cache_salt_secret=cache_salt_secret(self._hash_seed))
         return self._curve.router(router) if self._curve else router
 
     def _router_served_names(self) -> str | list[str]:
@@ -230,7 +230,8 @@ class ServeCluster:
         replica_id = replica_name(i, role)
         options = ReplicaOptions(
             engine=engine, server=replica_server(cfg, i, served, st.ray.local, self._internal_key),
-            events=replica_events(cfg, self._curve), frontend=cfg.frontend, kv_transfer=st.kv_transfer,
+            events=replica_events(cfg, self._curve), frontend=served_frontend(cfg.frontend, cfg.engine.model),
+            kv_transfer=st.kv_transfer,
             replica_id=replica_id, num_cpus_per_worker=rc.num_cpus_per_worker,
             placement_group=group.placement_group if tp > 1 else None)
         spawn = functools.partial(
