@@ -109,7 +109,7 @@ def no_effect_notes(args: argparse.Namespace) -> Sequence[str]:
 
 def cpu_notes(args: argparse.Namespace) -> list[str]:
     """One line per flag given that changes nothing when the replicas run on CPU."""
-    return [note for dest, note in getattr(args, ON_CPU_DEST, {}).items() if hasattr(args, dest)]
+    return [note for dest, note in args.vllm_on_cpu.items() if hasattr(args, dest)]
 
 
 def print_vllm_notes(args: argparse.Namespace, command: str) -> None:
