@@ -20,6 +20,7 @@ STAMP := $(VENV)/.kvmesh-installed
 .PHONY: serve test test-quick lint typecheck install clean
 
 serve: $(STAMP)
+	@echo "make serve: kvmesh serve $(ARGS) (Ctrl-C stops it; the first start builds the embedded model)"
 	$(BIN)/kvmesh serve $(ARGS)
 
 # Test processes (pytest-xdist; each test file runs whole in one, with its own Ray where it needs one; the
@@ -47,13 +48,21 @@ typecheck: $(STAMP)
 
 install: $(STAMP)
 
+# The first install takes minutes (torch and Ray are large downloads): a line per step, and pip's own progress for
+# the two big ones.
+INSTALL_START := $(shell date +%s)
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "kvmesh needs Python >= 3.10, found " + sys.version.split()[0]'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	touch $(STAMP)
+	@echo "install 1/4: a virtual environment in $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "install 2/4: pip, setuptools and wheel up to date"
+	@$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	@echo "install 3/4: $(TORCH_SPEC), the largest download (pip shows its progress)"
+	@$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	@echo "install 4/4: kvmesh and its extras $(EXTRAS) (Ray, transformers, the test tools)"
+	@$(BIN)/python -m pip install --progress-bar on -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+	@echo "install: done in $$(( $$(date +%s) - $(INSTALL_START) ))s; the CLI is $(BIN)/kvmesh"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -57,6 +57,8 @@ class ArgumentParser(argparse.ArgumentParser):
             hints = [hint for arg in unknown.group(1).split() if (hint := self._flag_hint(arg))]
             if hints:
                 message += "; " + "; ".join(hints)
+            elif self.prog != "kvmesh":
+                message += f"; `{self.prog} --help=all` lists every flag"
         choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             close = difflib.get_close_matches(choice.group(2), re.findall(r"'([^']*)'", choice.group(3)), n=1)
@@ -71,21 +73,45 @@ class ArgumentParser(argparse.ArgumentParser):
         name = arg.split("=", 1)[0]
         if not name.startswith("-"):
             return None
-        close = difflib.get_close_matches(name, list(self._option_string_actions), n=1, cutoff=0.7)
+        close = close_flag(name, list(self._option_string_actions))
         if close:
-            return f"{name} (did you mean {close[0]}?)"
+            return f"{name} (did you mean {close}?)"
         if self.prog != "kvmesh":
             return None
         # the top level: options belong after a command; name the commands that have this one (or one like it)
         owners = {}
         for command, sub in _subcommands(self).items():
-            match = difflib.get_close_matches(name, list(sub._option_string_actions), n=1, cutoff=0.8)
+            match = close_flag(name, list(sub._option_string_actions))
             if match:
-                owners[command] = match[0]
+                owners[command] = match
         if not owners:
             return f"{name} is no option of any command; `kvmesh COMMAND --help` lists a command's options"
         return f"{name}: options go after the command, did you mean " + " or ".join(
             f"`kvmesh {command} {flag}`" for command, flag in owners.items()) + "?"
+
+
+MAX_TYPO_EDITS = 2
+"""A did-you-mean names a flag at most this many single-character edits from the one typed (a typo), never one
+that merely shares words with it (``--ssl-keyfile`` is no ``--admission-keys-file``)."""
+
+
+def close_flag(name: str, flags: list[str]) -> str | None:
+    """The one flag a typo of ``name`` would be (fewest edits, at most ``MAX_TYPO_EDITS``), else None."""
+    best = min(flags, key=lambda flag: _edits(name, flag), default=None)
+    return best if best is not None and _edits(name, best) <= MAX_TYPO_EDITS else None
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance, a swap of two neighbours counting one (optimal string alignment)."""
+    rows = [list(range(len(b) + 1))]
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            row.append(min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (ca != cb)))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

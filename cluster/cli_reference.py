@@ -18,9 +18,12 @@ from kvmesh.cluster.config.trees import SERVE_SCHEMA
 HEADER = """# CLI reference
 
 Generated from the argument parsers (`python -m kvmesh.cluster.cli_reference > docs/cli.md`; a test keeps it
-so). Every command also answers `--help`. Flags that set a key of the config tree are listed by section: each
-one's meaning, default and environment variable are in the [configuration reference](configuration.md), and
-the same key is read from `--config FILE` and from `KVMESH_<SECTION>_<FIELD>`.
+so). Every command also answers `--help`; `kvmesh serve`, `replica` and `router` list there the flags most runs
+need, grouped by task, and answer `--help=all` (every flag), `--help=SECTION` (one section: `engine`, `router`,
+...) and `--help=WORD` (the flags whose name has WORD), as `vllm serve --help=...` does. Flags that set a key of
+the config tree are listed by section: each one's meaning, default and environment variable are in the
+[configuration reference](configuration.md), and the same key is read from `--config FILE` and from
+`KVMESH_<SECTION>_<FIELD>`.
 """
 
 NESTED = {"bench load": "kvmesh.cluster.measure.loadgen.load",
@@ -91,20 +94,32 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def _vllm_flags() -> list[str]:
-    """The ``vllm serve`` flags kvmesh accepts with no effect, and those it refuses (cluster/config/vllm_*.py)."""
-    from kvmesh.cluster.config.vllm_forms import VLLM_ONLY_FLAGS
-    from kvmesh.cluster.config.vllm_no_effect import VLLM_NO_EFFECT_FLAGS
+    """Every row of the ``vllm serve`` flag table (cluster/config/vllm_flags.py) and what kvmesh does with it."""
+    from kvmesh.cluster.config.vllm_flags import VLLM_SERVE_FLAGS
 
-    lines = ["## vLLM's flags", "", "`kvmesh serve`, `kvmesh replica` and `kvmesh router` take these `vllm serve` "
-             "flags and change nothing for them, printing one line at start-up that says so:", "",
-             "| flag | why it changes nothing |", "|---|---|"]
-    for flag, no_effect in VLLM_NO_EFFECT_FLAGS.items():
-        values = "" if no_effect.values is None else " " + " or ".join(f"`{v}`" for v in no_effect.values)
-        other = "" if no_effect.values is None else f"; another value is an error ({no_effect.otherwise})"
-        lines.append(f"| `{flag}`{values} | {_cell(no_effect.why + other)} |")
-    lines += ["", "They refuse these, with what kvmesh does instead:", "", "| flag | kvmesh's way |", "|---|---|"]
-    lines += [f"| `{flag}` | {_cell(way)} |" for flag, way in VLLM_ONLY_FLAGS.items()]
+    lines = ["## vLLM's flags", "", "What `kvmesh serve` does with each flag a `vllm serve` command commonly carries "
+             "(`kvmesh replica` and `kvmesh router` too, where they take the setting). *same*: kvmesh's flag of that "
+             "name, with vLLM's meaning; *taken as*: set as kvmesh's flag of another name, said in one line at "
+             "start-up; *noted*: accepted, changing nothing, said in one line at start-up; *refused*: an error "
+             "saying what to do instead.", "", "| `vllm serve` flag | in kvmesh |", "|---|---|"]
+    lines += [f"| `{flag}` | {_cell(_treatment(treatment))} |" for flag, treatment in VLLM_SERVE_FLAGS.items()]
     return lines + [""]
+
+
+def _treatment(treatment) -> str:
+    from kvmesh.cluster.config.vllm_flags import Mapped, NoEffect, Same
+
+    if isinstance(treatment, Same):
+        extra = "; ".join(text for text in (treatment.remark, treatment.on_cpu and "noted on CPU: " + treatment.on_cpu)
+                          if text)
+        return "same" + (f" ({extra})" if extra else "")
+    if isinstance(treatment, Mapped):
+        return f"taken as `{treatment.to}`" + (f" ({treatment.remark})" if treatment.remark else "")
+    if isinstance(treatment, NoEffect):
+        values = "" if treatment.values is None else " with " + " or ".join(f"`{v}`" for v in treatment.values)
+        other = "" if treatment.values is None else f"; another value is refused: {treatment.otherwise}"
+        return f"noted{values}: {treatment.why}{other}"
+    return f"refused: {treatment.instead}"
 
 
 def markdown() -> str:

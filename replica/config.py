@@ -10,6 +10,7 @@ from kvmesh.replica.serving.json_types import JSONObject
 from kvmesh.replica.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's --dtype also takes these names
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype ("fp8" is fp8_e4m3)
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = (None, "cpu", "cuda")
@@ -28,7 +29,8 @@ class EngineConfig:
     tokenizer: str | None = None
     """Tokenizer directory or hub id; None uses ``model``."""
     dtype: str = "auto"
-    """Weight/activation dtype: "float32", "bfloat16", "float16", or "auto" (the model's; float32 on CPU)."""
+    """Weight/activation dtype: "float32", "bfloat16", "float16", or "auto" (the model's; float32 on CPU); vLLM's
+    "half" and "float" are taken as float16 and float32."""
     load_format: str = "auto"
     """"safetensors" reads weights, "dummy" makes random ones (benchmarks), "auto" = safetensors if present."""
     block_size: int = 16
@@ -108,6 +110,7 @@ class EngineConfig:
         object.__setattr__(self, "kv_offload_memory", parse_size(self.kv_offload_memory, "kv_offload_memory"))
         if self.device == "auto":
             object.__setattr__(self, "device", None)
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         if not self.model:
             raise ValueError("model must be a Hugging Face directory or hub id, got an empty string")
         if self.dtype not in DTYPES:

@@ -18,24 +18,37 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.cli_help import add_grouped_help
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
-from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
-from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
+from kvmesh.cluster.config.vllm_forms import add_model_argument
+from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, cpu_notes, print_vllm_notes
+from kvmesh.cluster.open_bind import warn_open_bind
 
 if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.runtime import ReplicaRuntime
 
 
+COMMON_FLAGS = {
+    "the model": ["MODEL", "--served-model-name", "--tokenizer", "--dtype", "--max-model-len", "--chat-template"],
+    "where it listens, who may call it": ["--host", "--port", "--event-port", "--api-key"],
+    "the device, memory and batching": ["--device", "--tensor-parallel-size", "--gpu-memory-utilization",
+                                        "--kv-cache-memory", "--max-num-seqs"],
+    "tools and reasoning": ["--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser"],
+    "this run": ["--config", "--help"],
+}
+"""What ``kvmesh replica --help`` shows (the rest: --help=all, --help=SECTION)."""
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "replica", help="serve one model replica (OpenAI HTTP + KV events) without the cluster",
+        "replica", help="serve one model replica (OpenAI HTTP + KV events) without the cluster", add_help=False,
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_argument(p)
     add_config_arguments(p, REPLICA_SCHEMA)
-    refuse_vllm_only_flags(p)
-    accept_no_effect_flags(p)
+    accept_vllm_flags(p)
+    add_grouped_help(p, COMMON_FLAGS)
     p.set_defaults(func=run)
 
 
@@ -63,7 +76,12 @@ def embedded(config: ReplicaCommandConfig) -> ReplicaCommandConfig:
     """The config with ``--model embedded`` made the embedded model's files, random weights, its KV cache size and
     its served name, as ``kvmesh serve`` gives them to its replicas; any other model as it is."""
     from kvmesh.cluster.config.trees import EMBEDDED_MODEL
-    from kvmesh.cluster.launch.embedded_model import SERVED_NAME, embedded_model_files, materialize
+    from kvmesh.cluster.launch.embedded_model import (
+        SERVED_NAME,
+        embedded_model_files,
+        materialize,
+        served_frontend,
+    )
     from kvmesh.cluster.launch.replica_sections import EMBEDDED_KV_CACHE_MEMORY
 
     engine = config.engine
@@ -72,7 +90,7 @@ def embedded(config: ReplicaCommandConfig) -> ReplicaCommandConfig:
     engine = replace(engine, model=materialize(embedded_model_files()), load_format="dummy",
                      kv_cache_memory=engine.kv_cache_memory or EMBEDDED_KV_CACHE_MEMORY)
     server = replace(config.server, served_model_name=config.server.served_model_name or SERVED_NAME)
-    return replace(config, engine=engine, server=server)
+    return replace(config, engine=engine, server=server, frontend=served_frontend(config.frontend, EMBEDDED_MODEL))
 
 
 def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | None = None) -> ReplicaRuntime:
@@ -89,6 +107,15 @@ def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | Non
                                 model_runner=model_runner, kv_transfer=config.kv_transfer)
 
 
+def _device(config: ReplicaCommandConfig) -> str:
+    """Where the engine will run: its configured device, else cuda when torch sees one (the engine's rule)."""
+    if config.engine.device is not None:
+        return config.engine.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
@@ -98,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvmesh replica: {e}", file=sys.stderr)
         return 2
-    print_no_effect_notes(args, "replica")
+    print_vllm_notes(args, "replica")
+    for note in cpu_notes(args) if _device(config) == "cpu" else ():
+        print(f"kvmesh replica: {note}", file=sys.stderr, flush=True)
+    warn_open_bind("replica", "the replica", config.server.host, config.server.port,
+                   keyed=config.server.api_key is not None or config.server.router_only)
     try:
         runtime = start(config)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile

@@ -17,21 +17,32 @@ import argparse
 import sys
 from dataclasses import replace
 
+from kvmesh.cluster.cli_help import add_grouped_help
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import ROUTER_SCHEMA
-from kvmesh.cluster.config.vllm_forms import refuse_vllm_only_flags
-from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
+from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, print_vllm_notes
+from kvmesh.cluster.open_bind import warn_open_bind
+
+COMMON_FLAGS = {
+    "the replicas and their model": ["--replica", "--model", "--tokenizer", "--served-model-name"],
+    "where it listens, who may call it": ["--host", "--port", "--api-key", "--workers"],
+    "routing": ["--policy", "--policy-kwargs"],
+    "tools and reasoning": ["--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser"],
+    "this run": ["--config", "--log-level", "--help"],
+}
+"""What ``kvmesh router --help`` shows (the rest: --help=all, --help=SECTION)."""
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("router", help="run the KV-cache-aware router (OpenAI API) in front of replicas",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              add_help=False, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replica", action="append", default=[], metavar="URL[,events=tcp://H:P,replay=tcp://H:P,name=ID]",
                    help="a replica to route to (repeat; more can be added at runtime with POST /replicas)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_config_arguments(p, ROUTER_SCHEMA)
-    refuse_vllm_only_flags(p)
-    accept_no_effect_flags(p)
+    accept_vllm_flags(p)
+    add_grouped_help(p, COMMON_FLAGS)
     p.set_defaults(func=run)
 
 
@@ -63,7 +74,10 @@ def run(args) -> int:
     except (ConfigError, ValueError, TypeError, OSError) as e:
         print(f"kvmesh router: {e}", file=sys.stderr)
         return 2
-    print_no_effect_notes(args, "router")
+    print_vllm_notes(args, "router")
+    warn_open_bind("router", "the router", config.host, config.port,
+                   keyed=config.api_key is not None or config.admission.keys_file is not None,
+                   key_flags="--api-key, or --admission-keys-file")
     if config.model is None and config.tokenizer is None:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
     logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,

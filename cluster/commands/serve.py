@@ -19,13 +19,16 @@ import argparse
 import sys
 import time
 import traceback
+import urllib.parse
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.cli_help import add_grouped_help
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
-from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
-from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
+from kvmesh.cluster.config.vllm_forms import add_model_argument
+from kvmesh.cluster.config.vllm_habits import accept_vllm_flags, cpu_notes, print_vllm_notes
 from kvmesh.cluster.interrupts import Interrupts, Terminated
+from kvmesh.cluster.open_bind import warn_open_bind
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.launcher import ServeCluster
@@ -37,17 +40,31 @@ EXAMPLE_HEADER = """\
 # engine.kv_cache_memory null: 1 GiB per replica on CPU, 64 MiB for the embedded model."""
 
 
+COMMON_FLAGS = {
+    "the model": ["MODEL", "--served-model-name", "--tokenizer", "--dtype", "--max-model-len", "--chat-template"],
+    "where it listens, who may call it": ["--host", "--port", "--api-key"],
+    "how many replicas, on what": ["--num-replicas", "--tensor-parallel-size", "--device", "--address"],
+    "memory and batching": ["--gpu-memory-utilization", "--kv-cache-memory", "--max-num-seqs",
+                            "--max-num-batched-tokens"],
+    "tools, reasoning, adapters": ["--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
+                                   "--enable-lora", "--lora-modules"],
+    "routing": ["--policy", "--policy-kwargs"],
+    "this run": ["--config", "--print-config", "--verbose", "--help"],
+}
+"""What ``kvmesh serve --help`` shows, by what users do with them (the rest: --help=all, --help=SECTION)."""
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "serve", help="run a kvmesh cluster (embedded Ray on CPU by default)",
+        "serve", help="run a kvmesh cluster (embedded Ray on CPU by default)", add_help=False,
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective config as commented YAML (secrets redacted) and exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the replicas' logs")
     add_model_argument(parser)
     add_config_arguments(parser, SERVE_SCHEMA)
-    refuse_vllm_only_flags(parser)
-    accept_no_effect_flags(parser)
+    accept_vllm_flags(parser)
+    add_grouped_help(parser, COMMON_FLAGS)
     parser.set_defaults(func=run)
 
 
@@ -55,7 +72,9 @@ def report(message: str) -> None:
     print(f"kvmesh: {message}", flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def prepare(args: argparse.Namespace) -> ServeConfig | int:
+    """The config checked, its notes and warnings said, before Ray starts; or the exit code (an error, or
+    ``--print-config`` done)."""
     from kvmesh.cluster.config.flags import ConfigError, config_from_args
     from kvmesh.cluster.config.reference import commented_yaml
     from kvmesh.cluster.launch.preflight import PreflightError, check
@@ -69,7 +88,16 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, PreflightError) as e:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
-    print_no_effect_notes(args, "serve")
+    print_vllm_notes(args, "serve")
+    if config.router.host != "auto":  # "auto" in a Ray cluster: the node's address, said once it is known
+        _warn_open_bind(config, config.router.host)
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = prepare(args)
+    if isinstance(config, int):
+        return config
 
     from kvmesh.cluster.fleet.deployment_fleet import DeploymentFleet
     from kvmesh.cluster.fleet.operations import Fleet
@@ -81,11 +109,14 @@ def run(args: argparse.Namespace) -> int:
     interrupts.install()
     cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="",
                            fleet=DeploymentFleet if config.deployments.models else Fleet)
+    cluster.cpu_notes = tuple(cpu_notes(args))
     code = 0
     try:
         cluster.start()
         interrupts.install()  # again: a library may have replaced the handlers (connect keeps them past ray.init)
         _print_ready(config, cluster)
+        if config.router.host == "auto":  # a Ray cluster's router binds its node's address
+            _warn_open_bind(config, urllib.parse.urlsplit(cluster.url).hostname or "")
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, Terminated):
@@ -109,6 +140,13 @@ def run(args: argparse.Namespace) -> int:
         ray_cluster.end_descendants()
         report("stopped")
     return code
+
+
+def _warn_open_bind(config: ServeConfig, host: str) -> bool:
+    router = config.router
+    return warn_open_bind("serve", "the router", host, router.port,
+                          keyed=router.api_key is not None or router.admission.keys_file is not None,
+                          key_flags="--api-key, or --admission-keys-file")
 
 
 def _print_ready(config: ServeConfig, cluster: ServeCluster) -> None:

@@ -25,6 +25,20 @@ from kvmesh.cluster.config.schema import (
 )
 
 
+class _OptionalBool(argparse.Action):
+    """A ``bool | None`` field: ``--x`` is true, ``--no-x`` false, ``--x VALUE`` any of true, false or auto."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", metavar="{true,false,auto}", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option_string} takes no value")
+            values = "false"
+        setattr(namespace, self.dest, "true" if values is None else "null" if values == "auto" else values)
+
+
 class _RefuseSecret(argparse.Action):
     """A secret given on the command line: refuse it (argv is visible to every user in `ps`)."""
 
@@ -61,6 +75,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], 
             common = {"dest": _dest(opt), "default": argparse.SUPPRESS}
             if opt.is_bool:
                 group.add_argument(opt.flag, **common, help=help_text, action=argparse.BooleanOptionalAction)
+            elif _is_optional_bool(opt):  # vLLM's switch (--async-scheduling), its --no- form, or a value
+                group.add_argument(opt.flag, "--no-" + opt.flag[2:], **common, help=help_text, action=_OptionalBool)
             elif opt.is_mapping:  # several after one flag (vLLM's --lora-modules a=p b=q), and repeatable
                 group.add_argument(opt.flag, **common, help=help_text + " (several, repeatable)", action="extend",
                                    nargs="+", metavar="NAME=VALUE")
@@ -129,6 +145,12 @@ def _metavar(opt: Option) -> str:
 
     arms = set(typing.get_args(opt.type)) or {opt.type}
     return "N" if int in arms and str not in arms else "X" if float in arms else "VALUE"
+
+
+def _is_optional_bool(opt: Option) -> bool:
+    import typing
+
+    return set(typing.get_args(opt.type)) == {bool, type(None)}
 
 
 def _of_sections(opt: Option) -> bool:

@@ -21,10 +21,17 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.config import FrontendConfig
 
 SERVED_NAME = "kvmesh-embedded"
+TOOL_CALL_PARSER = "hermes"
+"""How the embedded model's tool calls are read when a chat leaves ``tool_choice`` "auto" (served by default)."""
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 as in Llama
 TARGET_VOCAB = 1024
 
@@ -115,3 +122,15 @@ def materialize(files: dict[str, str], root: Path | None = None) -> str:
             child.unlink()
         tmp.rmdir()
     return str(target)
+
+
+def served_frontend(frontend: FrontendConfig, model: str) -> FrontendConfig:
+    """The front end the router and replicas of ``model`` get. The embedded model's format is kvmesh's own, so it
+    serves ``tool_choice: "auto"`` (the default when a chat sends tools, and what agent loops send after their
+    first call) with the hermes parser unless the config names a parser; a model you name needs
+    ``--enable-auto-tool-choice --tool-call-parser``, as in vLLM."""
+    from kvmesh.cluster.config.trees import EMBEDDED_MODEL
+
+    if model != EMBEDDED_MODEL or frontend.tool_call_parser is not None:
+        return frontend
+    return replace(frontend, enable_auto_tool_choice=True, tool_call_parser=TOOL_CALL_PARSER)

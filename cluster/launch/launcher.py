@@ -33,7 +33,7 @@ from kvmesh.cluster.config.roles import Role, replica_name, serving_role
 from kvmesh.cluster.config.trees import ServeConfig
 from kvmesh.cluster.launch import placement, preflight, ray_cluster
 from kvmesh.cluster.launch.deployment_launch import DeploymentUnit, place_units, plan_units
-from kvmesh.cluster.launch.embedded_model import SERVED_NAME
+from kvmesh.cluster.launch.embedded_model import SERVED_NAME, served_frontend
 from kvmesh.cluster.launch.event_keys import curve_keys
 from kvmesh.cluster.launch.model_files import resolve_model_path
 from kvmesh.cluster.launch.readiness import wait_replicas_ready, wait_router_sees
@@ -79,6 +79,8 @@ class ServeCluster:
         self.fleet: ClusterFleet | None = None
         """The fleet ``make_fleet`` built (cluster/fleet/operations.py's): runtime scaling, drains, rolling restarts."""
         self.started_at = time.monotonic()
+        self.cpu_notes: tuple[str, ...] = ()
+        """Lines said once when the replicas turn out to run on CPU (flags given that change nothing there)."""
         self._spawn: dict[str, Callable[[], ActorHandle]] = {}  # replica id -> makes its actor (again)
         # SECRET: the cluster's hash seed, generated here unless configured; replicas get it as an actor
         # argument, the router only the salt secret derived from it (kvcache.hashing.cache_salt_secret).
@@ -103,6 +105,8 @@ class ServeCluster:
         st.ray = ray_cluster.connect(cfg, log_to_driver=self.log_to_driver)
         preflight.check_port_free(ray_cluster.router_host(cfg, st.ray), cfg.router.port, "router.port")
         st.device = ray_cluster.resolve_device(cfg, st.ray)
+        for note in self.cpu_notes if st.device == "cpu" else ():
+            self.report(note)
         if cfg.deployments.models:  # several models: the first one's is the router's own (its tokenizer)
             self.units = plan_units(cfg, st.ray, st.device, self._hash_seed, self.report)
             st.model_path, st.served_model_name = self.units[0].model_path, self.units[0].served_model_name
@@ -160,8 +164,8 @@ class ServeCluster:
                        tokenizer=engine.tokenizer, served_model_name=self._router_served_names(),
                        max_model_len=engine.max_model_len, block_size=engine.block_size,
                        upstream=replace(cfg.router.upstream, replica_api_key=None), internal_key=self._internal_key,
-                       admin_key=admin_key,
-                       frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
+                       admin_key=admin_key, frontend=served_frontend(cfg.frontend, cfg.engine.model),
+                       cache_salt_secret=cache_salt_secret(self._hash_seed))
         return self._curve.router(router) if self._curve else router
 
     def _router_served_names(self) -> str | list[str]:
@@ -226,7 +230,8 @@ class ServeCluster:
         replica_id = replica_name(i, role)
         options = ReplicaOptions(
             engine=engine, server=replica_server(cfg, i, served, st.ray.local, self._internal_key),
-            events=replica_events(cfg, self._curve), frontend=cfg.frontend, kv_transfer=st.kv_transfer,
+            events=replica_events(cfg, self._curve), frontend=served_frontend(cfg.frontend, cfg.engine.model),
+            kv_transfer=st.kv_transfer,
             replica_id=replica_id, num_cpus_per_worker=rc.num_cpus_per_worker,
             placement_group=group.placement_group if tp > 1 else None)
         spawn = functools.partial(

@@ -56,8 +56,8 @@ def test_mapping_flags_still_repeat():
 @pytest.mark.parametrize("command", ["serve", "replica", "router"])
 @pytest.mark.parametrize(("argv", "names"), [
     (["--data-parallel-size", "4"], "--num-replicas"), (["-dp", "2"], "--num-replicas"),
-    (["--enforce-eager"], "--no-cuda-graphs"), (["--kv-events-config={}"], "--event-port"),
-    (["--swap-space", "4"], "--kv-offload-memory"), (["--pipeline-parallel-size", "2"], "--tensor-parallel-size"),
+    (["--quantization", "awq"], "--dtype"), (["--kv-events-config={}"], "--event-port"),
+    (["--download-dir", "/tmp"], "HF_HUB_CACHE"), (["--pipeline-parallel-size", "2"], "--tensor-parallel-size"),
 ])
 def test_a_vllm_flag_kvmesh_does_not_take_names_the_kvmesh_way(command, argv, names, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -75,13 +75,13 @@ def test_vllm_flags_that_kvmesh_takes_are_not_refused():
 
 
 def test_every_refused_vllm_flag_is_one_kvmesh_does_not_define():
-    from kvmesh.cluster.config.vllm_forms import VLLM_ONLY_FLAGS
+    from kvmesh.cluster.config.vllm_habits import VLLM_ONLY_FLAGS
 
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001
     for command in ("serve", "replica", "router"):
         refused = {flag for action in commands[command]._actions for flag in action.option_strings  # noqa: SLF001
-                   if type(action).__name__ == "_VLLMOnlyFlag"}
+                   if type(action).__name__ == "_RefusedFlag"}
         defined = {flag for action in commands[command]._actions for flag in action.option_strings} - refused  # noqa: SLF001
         assert refused and not set(VLLM_ONLY_FLAGS) & defined, command
 

@@ -1,6 +1,6 @@
 """``vllm serve`` flags that mean nothing for kvmesh: ``kvmesh serve``, ``replica`` and ``router`` take them, change
 nothing for them and say so in one line at start-up; a value asking for what kvmesh lacks is an error naming
-kvmesh's way (cluster/config/vllm_no_effect.py)."""
+kvmesh's way (cluster/config/vllm_flags.py's table, applied by vllm_habits.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 from kvmesh.cluster.cli import build_parser
 from kvmesh.cluster.config.flags import config_from_args
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ROUTER_SCHEMA, SERVE_SCHEMA
-from kvmesh.cluster.config.vllm_forms import VLLM_ONLY_FLAGS
-from kvmesh.cluster.config.vllm_no_effect import VLLM_NO_EFFECT_FLAGS, no_effect_notes
+from kvmesh.cluster.config.vllm_habits import VLLM_NO_EFFECT_FLAGS, VLLM_ONLY_FLAGS, no_effect_notes
 
 SCHEMAS = {"serve": SERVE_SCHEMA, "replica": REPLICA_SCHEMA, "router": ROUTER_SCHEMA}
 COMMANDS = list(SCHEMAS)
@@ -82,7 +81,7 @@ def test_the_no_effect_and_refused_tables_do_not_overlap_and_flags_kvmesh_define
     commands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
     for command in COMMANDS:
         own = {flag for action in commands[command]._actions for flag in action.option_strings  # noqa: SLF001
-               if type(action).__name__ not in ("_NoEffectFlag", "_VLLMOnlyFlag")}
+               if type(action).__name__ not in ("_NoEffectFlag", "_RefusedFlag", "_MappedFlag")}
         assert not own & set(VLLM_NO_EFFECT_FLAGS), command
 
 
