@@ -251,19 +251,28 @@ def scratch_layout(root: Path, shared: Path) -> Path:
     return checkout
 
 
-def run_command(command: str, where: str, cwd: Path, env: dict, timeout_s: float, private_tmp: bool = False) -> str:
+def run_command(command: str, where: str, cwd: Path, env: dict, timeout_s: float, private_tmp: bool = False,
+                cpu_limit_s: float | None = None) -> str:
     """Run a guide's shell command with bash in ``cwd``; its output, or an AssertionError that says what failed.
     ``private_tmp``: a path under /tmp is moved into ``cwd``'s parent, so what the command writes there stays the
-    test's."""
+    test's. ``cpu_limit_s``: the CPU seconds each process of the command may use (``RLIMIT_CPU``), a budget that a
+    loaded machine does not shorten; ``timeout_s`` is then only the wall-clock backstop against a hang."""
+    import resource
     import subprocess
+
+    def limit_cpu() -> None:
+        if cpu_limit_s is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_limit_s), int(cpu_limit_s) + 5))
 
     if private_tmp:
         command = re.sub(r"(?<![\w/.])/tmp/", f"{cwd.parent}/tmp-", command)
     try:
         result = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
-                                timeout=timeout_s)
+                                timeout=timeout_s, preexec_fn=limit_cpu)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"{where}: `{command}` ran past {timeout_s}s") from None
+    if cpu_limit_s is not None and result.returncode in (-9, -24, 128 + 9, 128 + 24):
+        raise AssertionError(f"{where}: `{command}` used more than {cpu_limit_s}s of CPU in one process")
     assert result.returncode == 0, (f"{where}: `{command}` exited {result.returncode}\n"
                                     f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     return result.stdout
