@@ -14,7 +14,8 @@ Two file formats, told apart by their keys:
        "load_s_per_token": 0.0,                             # optional: per token loaded back from the host tier
        "kv_bytes_per_token": 131072}                        # optional: sizes the KV cache from kv_cache_memory
 
-A step's time is piecewise linear between the rows (extended by the end segments' slopes, never below 0):
+A step's time is piecewise linear between the rows (extended by the end segments' slopes, never below 0; one row
+alone is a line through zero):
 prefill by tokens, decode by sequences (then ``decode_s_per_context_token`` times the context beyond the rows'
 ``seqs * context_tokens``); a mixed step costs its prefill's time plus its decode's.
 """
