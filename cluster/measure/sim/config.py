@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, replace
 from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
 from kvmesh.cluster.measure.sim.policy_kwargs import PolicyArgument, check_policy_kwargs
 from kvmesh.cluster.measure.workloads.tenants import parse_tenant_mix
-from kvmesh.replica.emulate.cost_model import CostModel
 from kvmesh.replica.config import EngineConfig, parse_size
+from kvmesh.replica.emulate.cost_model import CostModel
 from kvmesh.router.config import RouterConfig
-
 
 ROUTER_SPREADS = ("round_robin", "random")
 PD_PREFILL_PICKS = ("least_loaded", "policy")
