@@ -2,7 +2,7 @@
 
     LLMEngine ──execute_model(SchedulerOutput)──▶ EmulatedModelRunner
                   step's batch ─▶ profile.step_time(prefill tokens, decode seqs, their context, tokens loaded)
-                  ─▶ StepClock waits until the planned end ─▶ {request_id: token} from a hash
+                  ─▶ EmulatedStepClock waits until the planned end ─▶ {request_id: token} from a hash
 
 Everything around the forward pass is the real replica's: the scheduler, the KV cache manager and its events,
 the host tier's bookkeeping (its copies land when their step ends), the HTTP layer. A sampled token is a hash of
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.emulate.config import EmulationConfig
-from kvmesh.replica.emulate.timing import StepClock
+from kvmesh.replica.emulate.timing import EmulatedStepClock
 from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class EmulatedModelRunner:
         self.kv_layout = None  # no tensors
         self.device = "cpu"
         self.dead_reason: str | None = None
-        self.clock = StepClock(str(emulation.emulate), emulation.emulate_time_dilation)
+        self.clock = EmulatedStepClock(str(emulation.emulate), emulation.emulate_time_dilation)
         self.rows: dict[str, list[int]] = {}  # request_id -> [last token, context length]
         self._last_ids: set[str] = set()  # the previous step's requests
         self._landed: list[int] = []  # offload store jobs whose step ended

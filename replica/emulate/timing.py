@@ -1,4 +1,4 @@
-"""``StepClock``: when each emulated step ends, and how well the waits kept to it.
+"""``EmulatedStepClock``: when each emulated step ends, and how well the waits kept to it.
 
 A step's planned end is its start plus the profile's seconds for its batch, times the dilation. Its start is
 the moment the previous step's wait returned when the two steps share a request (the engine was busy between
@@ -21,7 +21,7 @@ WINDOW_STEPS = 4096
 """Steps whose lateness the percentiles are taken over."""
 
 
-class StepClock:
+class EmulatedStepClock:
     """Plans and waits out emulated steps on one engine thread."""
 
     def __init__(self, profile: str, time_dilation: float) -> None:

@@ -89,26 +89,27 @@ def test_steps_take_the_profile_time_times_the_dilation(tmp_path):
         clock = engine.model_runner.clock
         assert clock.num_steps == 5
         assert clock.busy_s == pytest.approx(expected, rel=1e-6)
-        assert expected <= wall < expected * 1.25 + 0.02
+        assert expected <= wall < expected * 2 + 0.1  # never early; late only by what a busy machine adds
         report = clock.report()
-        assert report.late_s_p99 is not None and report.late_s_p99 < 0.02
+        assert report.late_s_p50 is not None and 0 <= report.late_s_p50 <= report.late_s_p99 < 0.25
         assert report.cpu_s_per_step is not None and report.cpu_s_per_step < 0.05
 
 
 def test_back_to_back_steps_hide_the_host_work(tmp_path):
     """A step sharing a request with the one before starts when that one's wait ended, not when it was launched."""
-    engine = emulated_engine(tmp_path, {"prefill": [[1, 0.02], [100, 0.02]], "decode": [[1, 1, 0.02]]})
+    engine = emulated_engine(tmp_path, {"prefill": [[1, 0.04], [100, 0.04]], "decode": [[1, 1, 0.04]]})
     runner = engine.model_runner
     real_step = runner.clock.run_step
 
-    def slow_host(seconds, continues):  # 5 ms of host work before every launch
-        time.sleep(0.005)
+    def slow_host(seconds, continues):  # 20 ms of host work before every launch
+        time.sleep(0.02)
         return real_step(seconds, continues)
 
     runner.clock.run_step = slow_host
     t0 = time.monotonic()
     generate(engine, {"a": [5, 6, 7]}, max_tokens=6)
-    assert time.monotonic() - t0 < 6 * 0.02 + 0.005 + 0.02  # not 6 * 0.025
+    wall = time.monotonic() - t0
+    assert 6 * 0.04 + 0.02 <= wall < 6 * 0.05  # hidden: 0.26 s; added to every step it would be 0.36 s
 
 
 def test_a_host_tier_store_lands_when_its_step_ends(tmp_path):
