@@ -1,6 +1,6 @@
 """Measured step times as a profile: ``StepTimeTable``, read from a profile file.
 
-Two file formats, told apart by their keys:
+Three file formats, told apart by their keys:
 
 - what ``kvmesh bench engine-speed`` writes (``results/engine_<device>.json``): its first measured configuration's
   ``decode`` rows (seconds of a decode step at ``running_seqs`` sequences of ``context_tokens`` each) and its
@@ -14,7 +14,11 @@ Two file formats, told apart by their keys:
        "load_s_per_token": 0.0,                             # optional: per token loaded back from the host tier
        "kv_bytes_per_token": 131072}                        # optional: sizes the KV cache from kv_cache_memory
 
-A step's time is piecewise linear between the rows (extended by the end segments' slopes, never below 0; one row
+- a linear cost model, ``{"cost_model": {"prefill_s_per_token": ..., ...}, "kv_bytes_per_token": ...}``: the
+  fields of ``CostModel`` (cost_model.py; those left out keep the H100 8B's), as ``kvmesh bench emulated_fleet``
+  writes for the simulator's miniature of a trace.
+
+A table step's time is piecewise linear between the rows (extended by the end segments' slopes, never below 0; one row
 alone is a line through zero):
 prefill by tokens, decode by sequences (then ``decode_s_per_context_token`` times the context beyond the rows'
 ``seqs * context_tokens``); a mixed step costs its prefill's time plus its decode's.
@@ -26,7 +30,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvmesh.replica.emulate.cost_model import H100_8B_KV_BYTES_PER_TOKEN
+from kvmesh.replica.emulate.cost_model import H100_8B_KV_BYTES_PER_TOKEN, CostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,7 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0)) if x1 != x0 else y1
 
 
-def load_profile_file(path: str) -> tuple[StepTimeTable, int]:
+def load_profile_file(path: str) -> tuple[CostModel | StepTimeTable, int]:
     """The table in ``path`` and the KV bytes per token it says (the H100 8B's when it says none); ValueError
     naming the file and what is wrong."""
     try:
@@ -86,7 +90,8 @@ def load_profile_file(path: str) -> tuple[StepTimeTable, int]:
     if not isinstance(data, dict):
         raise ValueError(f"emulate profile {path!r}: expected a JSON object, got {type(data).__name__}")
     try:
-        table = _from_engine_speed(data) if data.get("bench") == "engine-speed" else _from_table(data)
+        table = (_from_engine_speed(data) if data.get("bench") == "engine-speed" else
+                 _from_cost_model(data) if "cost_model" in data else _from_table(data))
     except (KeyError, TypeError, IndexError, ValueError) as e:
         raise ValueError(f"emulate profile {path!r} is neither an engine-speed result nor a step-time table "
                          f"(docs/emulated-fleet.md): {e!s}") from None
@@ -94,6 +99,16 @@ def load_profile_file(path: str) -> tuple[StepTimeTable, int]:
     if not isinstance(kv_bytes, int) or kv_bytes < 1:
         raise ValueError(f"emulate profile {path!r}: kv_bytes_per_token must be a positive integer, got {kv_bytes!r}")
     return table, kv_bytes
+
+
+def _from_cost_model(data: dict) -> CostModel:
+    unknown = set(data) - {"cost_model", "kv_bytes_per_token", "name"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}")
+    fields = data["cost_model"]
+    if not isinstance(fields, dict) or set(fields) - set(CostModel.__dataclass_fields__):
+        raise ValueError(f"cost_model takes {sorted(CostModel.__dataclass_fields__)}")
+    return CostModel(**fields)
 
 
 def _from_table(data: dict) -> StepTimeTable:
