@@ -40,20 +40,25 @@ def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int) -> list
 
 
 def simulate(records: list, replicas: int, policy: str, seed: int, capacity_fraction: float) -> dict:
-    """``kvmesh sim``'s run of ``policy`` on the miniature of ``records``: its shares, TTFT and the fleet it used."""
+    """``kvmesh sim``'s run of ``policy`` on the miniature of ``records``: its shares, TTFTs and the fleet it used."""
     from kvmesh.cluster.measure.sim.config import SimConfig, miniature
+    from kvmesh.cluster.measure.sim.loop import run_policy
+    from kvmesh.cluster.measure.sim.report import summarize
     from kvmesh.cluster.measure.sim.request import requests_from_mooncake
-    from kvmesh.cluster.measure.sim.run import blocks_per_replica, compare_policies
+    from kvmesh.cluster.measure.sim.run import BlockTokenCache, blocks_per_replica
 
     config = miniature(SimConfig(num_replicas=replicas, seed=seed, capacity_fraction=capacity_fraction), MINIATURE)
     block = config.engine.block_size  # a replica holds at least two of the largest requests
     largest = max(-(-(r.num_prompt_tokens + r.max_output_tokens) // block)
                   for r in requests_from_mooncake(records, 1.0, block))
-    config = replace(config, blocks_per_replica=max(blocks_per_replica(config, records), 2 * largest))
-    report = compare_policies(records, config, [policy], show_progress=False, with_ceilings=False)
-    run = report["policies"][policy]
-    return {"cached_share": run["cached_tokens"] / run["prompt_tokens"], "ttft_s": run["ttft_s"],
-            "blocks_per_replica": report["blocks_per_replica"], "cost": config.cost,
+    per_replica = max(blocks_per_replica(config, records), 2 * largest)
+    config = replace(config, blocks_per_replica=per_replica)
+    run = run_policy(policy, requests_from_mooncake(records, 1.0, block), config, per_replica,
+                     BlockTokenCache(block, config.vocab_size, config.seed))
+    summary = summarize(run)
+    return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
+            "ttft_by_request": {r.request_id: r.first_token_s - r.arrival_s for r in run.requests},
+            "blocks_per_replica": per_replica, "cost": config.cost,
             "max_num_batched_tokens": config.engine.max_num_batched_tokens, "max_num_seqs": config.engine.max_num_seqs}
 
 
@@ -62,11 +67,14 @@ def compare(sim: dict, live: dict, dilation: float) -> dict:
     live_ttft = live["ttft_s"]["mean"] / dilation
     sim_ttft = sim["ttft_s"]["mean"]
     late_p99 = max(r["late_s_p99"] for r in live["replicas"])
+    diffs = sorted(live["ttft_by_request"][rid] / dilation - sim_s for rid, sim_s in sim["ttft_by_request"].items())
     return {"cached_share_points": 100 * (live["cached_share"] - sim["cached_share"]),
             "ttft_mean_percent": 100 * (live_ttft / sim_ttft - 1),
             "live_ttft_mean_s": live_ttft, "sim_ttft_mean_s": sim_ttft,
             "late_s_p99_worst_replica": late_p99,
             "late_p99_share_of_live_ttft": late_p99 / live["ttft_s"]["mean"],
+            "per_request_ttft_diff_s": {"p50": diffs[len(diffs) // 2], "mean": sum(diffs) / len(diffs),
+                                        "off_by_over_100ms": sum(abs(d) > 0.1 for d in diffs)},
             "within": {"cached_share_1_point": abs(live["cached_share"] - sim["cached_share"]) <= 0.01,
                        "ttft_mean_5_percent": abs(live_ttft / sim_ttft - 1) <= 0.05}}
 

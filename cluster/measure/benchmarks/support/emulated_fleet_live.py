@@ -81,7 +81,8 @@ def replay(s: LiveSettings, url: str) -> dict:
                           "--trace-block-tokens", "16", "--mode", "open", "--time-scale", f"{s.dilation:g}", "--no-plot",
                           "--no-progress", "--out", str(out)), check=True, stdout=subprocess.DEVNULL,
                    timeout=600)
-    return json.loads(out.read_text())["summary"]
+    load = json.loads(out.read_text())
+    return load["summary"] | {"ttft_by_request": {r["session_id"]: r["ttft_s"] for r in load["requests"]}}
 
 
 def replica_timing(ends: list[dict]) -> list[dict]:
@@ -109,7 +110,7 @@ def run_live(s: LiveSettings, sim: dict) -> dict:
         raise RuntimeError(f"{summary['errors']} requests failed: {summary['error_samples'][:3]}")
     return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
             "requests": summary["requests"], "duration_s": summary["duration_s"], "start_s": started_s,
-            "fleet_and_router_cpu_s": cpu_s, "replicas": timing}
+            "fleet_and_router_cpu_s": cpu_s, "replicas": timing, "ttft_by_request": summary["ttft_by_request"]}
 
 
 def _cpu_s(procs: list[subprocess.Popen]) -> float:
