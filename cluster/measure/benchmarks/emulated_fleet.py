@@ -17,49 +17,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, replace
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.emulated_fleet_live import LiveSettings, run_live
 
-MINIATURE = 32
-"""Trace tokens per live token: one 512-token trace block is one 16-token block."""
 
-
-def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int) -> list:
-    """The trace's first records as both sides send them: prompts cut to whole 16-token blocks, outputs capped."""
-    from kvmesh.cluster.measure.sim.request import cut_trace
-    from kvmesh.cluster.measure.workloads.traces import default_trace, read_mooncake
-
-    records = cut_trace(read_mooncake(default_trace(), limit=num_requests), 0, num_requests,
-                        max_prompt_blocks=max_prompt_tokens // 16)
-    return [replace(r, output_length=max(1, min(max_tokens, r.output_length))) for r in records]
-
-
-def simulate(records: list, replicas: int, policy: str, seed: int, capacity_fraction: float) -> dict:
-    """``kvmesh sim``'s run of ``policy`` on the miniature of ``records``: its shares, TTFTs and the fleet it used."""
-    from kvmesh.cluster.measure.sim.config import SimConfig, miniature
-    from kvmesh.cluster.measure.sim.loop import run_policy
-    from kvmesh.cluster.measure.sim.report import summarize
-    from kvmesh.cluster.measure.sim.request import requests_from_mooncake
-    from kvmesh.cluster.measure.sim.run import BlockTokenCache, blocks_per_replica
-
-    config = miniature(SimConfig(num_replicas=replicas, seed=seed, capacity_fraction=capacity_fraction), MINIATURE)
-    block = config.engine.block_size  # a replica holds at least two of the largest requests
-    largest = max(-(-(r.num_prompt_tokens + r.max_output_tokens) // block)
-                  for r in requests_from_mooncake(records, 1.0, block))
-    per_replica = max(blocks_per_replica(config, records), 2 * largest)
-    config = replace(config, blocks_per_replica=per_replica)
-    run = run_policy(policy, requests_from_mooncake(records, 1.0, block), config, per_replica,
-                     BlockTokenCache(block, config.vocab_size, config.seed))
-    summary = summarize(run)
-    return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
-            "ttft_by_request": {r.request_id: r.first_token_s - r.arrival_s for r in run.requests},
-            "blocks_per_replica": per_replica, "cost": config.cost,
-            "max_num_batched_tokens": config.engine.max_num_batched_tokens, "max_num_seqs": config.engine.max_num_seqs}
+def simulate(args: argparse.Namespace, work: Path) -> dict:
+    """``kvmesh sim``'s run on the same requests, in its own process (sim/emulated_check.py writes it)."""
+    out = work / "sim.json"
+    subprocess.run([sys.executable, "-m", "kvmesh.cluster.measure.sim.emulated_check", "--replicas", str(args.replicas),
+                    "--num-requests", str(args.num_requests), "--max-prompt-tokens", str(args.max_prompt_tokens),
+                    "--max-tokens", str(args.max_tokens), "--policy", args.policy, "--seed", str(args.seed),
+                    "--capacity-fraction", f"{args.capacity_fraction:g}", "--out", str(out)], check=True)
+    return json.loads(out.read_text())
 
 
 def compare(sim: dict, live: dict, dilation: float) -> dict:
@@ -96,17 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None, help="keep the profile, the logs and the load's per-request file here")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    records = requests(args.num_requests, args.max_prompt_tokens, args.max_tokens)
-    sim = simulate(records, args.replicas, args.policy, args.seed, args.capacity_fraction)
-    print(f"[emulated_fleet] sim: cached {sim['cached_share']:.3f}, TTFT mean {sim['ttft_s']['mean']:.3f} s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
+        sim = simulate(args, work)
+        print(f"[emulated_fleet] sim: cached {sim['cached_share']:.3f}, TTFT mean {sim['ttft_s']['mean']:.3f} s",
+              flush=True)
         settings = LiveSettings(args.replicas, args.num_requests, args.max_prompt_tokens, args.max_tokens,
                                 args.dilation, args.policy, work)
         live = run_live(settings, sim)
     result = {"bench": "emulated_fleet", "command": "kvmesh bench emulated_fleet " + " ".join(argv or sys.argv[3:]),
-              "settings": vars(args), "sim": {k: v for k, v in sim.items() if k != "cost"} | {"cost": asdict(sim["cost"])},
+              "settings": vars(args), "sim": sim,
               "live": live, "comparison": compare(sim, live, args.dilation), "wall_s": time.monotonic() - t0}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

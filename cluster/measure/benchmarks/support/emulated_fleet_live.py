@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.peer_load import tree_cpu_seconds
@@ -40,7 +40,7 @@ def kvmesh(*args: str) -> list[str]:
 def start_fleet(s: LiveSettings, sim: dict, procs: list[subprocess.Popen]) -> list[dict]:
     """The emulated replicas (one process): the simulator's cost model as their profile, its fleet's sizes."""
     profile = s.work / "profile.json"
-    profile.write_text(json.dumps({"cost_model": asdict(sim["cost"]), "kv_bytes_per_token": H100_8B_KV_BYTES_PER_TOKEN}))
+    profile.write_text(json.dumps({"cost_model": sim["cost"], "kv_bytes_per_token": H100_8B_KV_BYTES_PER_TOKEN}))
     log = (s.work / "fleet.log").open("w")
     proc = subprocess.Popen(kvmesh(
         "replica", "--model", str(stories_model()), "--emulate", str(profile), "--emulate-time-dilation",
