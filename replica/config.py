@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvmesh.replica.emulate.config import EmulationConfig
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.json_types import JSONObject
 from kvmesh.replica.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -100,6 +101,9 @@ class EngineConfig:
     ``priority`` is refused), "priority" by the request's ``priority`` (lower first) then arrival, preempting the
     largest (priority, arrival) first."""
 
+    emulation: EmulationConfig = field(default_factory=EmulationConfig, metadata={"prefix": ""})
+    """An emulated replica (``--emulate PROFILE``): no model runs, each step waits out a GPU timing profile
+    (replica/emulate/); the tokenizer and the model's config.json are still read from ``model``."""
     speculative_config: JSONObject | None = None
     """Speculative decoding in vLLM's JSON form, ``{"method": "ngram", "num_speculative_tokens": 4,
     "prompt_lookup_min": 2, "prompt_lookup_max": 5}`` or a draft model's ``{"model": "/path", "num_speculative_tokens":
@@ -150,6 +154,9 @@ class EngineConfig:
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("speculative_config needs async_scheduling off (it verifies drafts on the host "
                              "between steps); set async_scheduling to false or null")
+        if self.emulation.enabled and (self.tensor_parallel_size > 1 or self.speculative_config is not None):
+            raise ValueError("emulate runs no model: it takes tensor_parallel_size 1 and no speculative_config "
+                             "(the profile's step times are the whole group's)")
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
             raise ValueError("hash_seed must be bytes or str (or None to generate one)")
 

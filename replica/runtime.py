@@ -175,6 +175,9 @@ def _event_info(publisher: ZmqEventPublisher | None, events: PublisherConfig | N
 
 def check_kv_transfer(config: KVTransferConfig, engine: EngineConfig) -> None:
     """Refuse what KV transfer cannot do, before anything loads."""
+    if config.enabled and engine.emulation.enabled:
+        raise ValueError("kv_transfer moves KV bytes, and an emulated replica (--emulate) holds none; "
+                         "turn one of them off")
     if config.enabled and engine.tensor_parallel_size > 1 and config.transport == "local":
         raise ValueError(f"kv_transfer transport 'local' copies inside one process, but tensor_parallel_size "
                          f"{engine.tensor_parallel_size} runs each rank in its own process; use "

@@ -5,7 +5,9 @@ Ports default to DESIGN.md's (HTTP 8100, events 5557, replay 5558); 0 picks free
 actual addresses are printed as one JSON line on stdout once the replica serves. The engine:
 and events: settings are the same as in ``kvmesh serve``'s config (same YAML keys and flags).
 ``--model embedded`` serves the embedded tiny model with random weights as ``kvmesh serve`` does
-(named kvmesh-embedded).
+(named kvmesh-embedded). ``--num-replicas N`` serves N replicas from this process (one JSON line each, ports
+counted up); with ``--emulate PROFILE`` no model runs and each step waits out a GPU timing profile, so a fleet of
+16 fits on two cores (docs/emulated-fleet.md).
 """
 
 from __future__ import annotations
@@ -65,10 +67,12 @@ def load(args: argparse.Namespace) -> ReplicaCommandConfig:
         # value advertises), not as it resolved; the resolved path stays an alias (server/app.py)
         server = replace(server, served_model_name=server.served_model_name or engine.model)
         config = replace(config, server=server, engine=replace(engine, model=check_model(engine.model)))
-    check_port_free(server.host, server.port, "server.port")
-    if server.event_port is not None and not server.events_endpoint:
-        check_port_free(server.host, server.event_port, "server.event_port")
-        check_port_free(server.host, server.replay_port, "server.replay_port")
+    for i in range(server.num_replicas):
+        nth = server.nth(i)
+        check_port_free(nth.host, nth.port, "server.port")
+        if nth.event_port is not None and not nth.events_endpoint:
+            check_port_free(nth.host, nth.event_port, "server.event_port")
+            check_port_free(nth.host, nth.replay_port, "server.replay_port")
     return config
 
 
@@ -93,8 +97,10 @@ def embedded(config: ReplicaCommandConfig) -> ReplicaCommandConfig:
     return replace(config, engine=engine, server=server, frontend=served_frontend(config.frontend, EMBEDDED_MODEL))
 
 
-def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | None = None) -> ReplicaRuntime:
-    """The replica this command serves, its sections passed whole (TP > 1: a local Ray instance for the ranks)."""
+def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | None = None,
+          index: int = 0) -> ReplicaRuntime:
+    """Replica ``index`` of those this command serves, its sections passed whole (TP > 1: a local Ray instance for
+    the ranks)."""
     if config.engine.tensor_parallel_size > 1:
         import ray
 
@@ -103,8 +109,22 @@ def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | Non
                      include_dashboard=False, configure_logging=False)  # the ranks' own instance, not another's
     from kvmesh.replica.runtime import ReplicaRuntime
 
-    return ReplicaRuntime.start(config.engine, config.server, config.events, config.frontend,
-                                model_runner=model_runner, kv_transfer=config.kv_transfer)
+    return ReplicaRuntime.start(config.engine, config.server.nth(index), config.events, config.frontend,
+                                replica_id=f"replica-{index}", model_runner=model_runner,
+                                kv_transfer=config.kv_transfer)
+
+
+def start_all(config: ReplicaCommandConfig) -> list[ReplicaRuntime]:
+    """Every replica of ``server.num_replicas`` in this process (those started are stopped if one cannot start)."""
+    runtimes: list[ReplicaRuntime] = []
+    try:
+        for i in range(config.server.num_replicas):
+            runtimes.append(start(config, index=i))
+    except BaseException:
+        for runtime in runtimes:
+            runtime.shutdown(graceful_s=0)
+        raise
+    return runtimes
 
 
 def _device(config: ReplicaCommandConfig) -> str:
@@ -131,19 +151,22 @@ def run(args: argparse.Namespace) -> int:
     warn_open_bind("replica", "the replica", config.server.host, config.server.port,
                    keyed=config.server.api_key is not None or config.server.router_only)
     try:
-        runtime = start(config)
+        runtimes = start_all(config)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile
         print(f"kvmesh replica: cannot start: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(runtime.endpoints()), flush=True)
+    for runtime in runtimes:
+        print(json.dumps(runtime.endpoints()), flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
-        reason = runtime.broken_reason()
-        if reason is not None:
-            print(f"kvmesh replica: stopping, the replica is broken: {reason}", file=sys.stderr)
-            runtime.shutdown(graceful_s=0)
+        broken = [(r.replica_id, reason) for r in runtimes if (reason := r.broken_reason()) is not None]
+        if broken:
+            print(f"kvmesh replica: stopping, {broken[0][0]} is broken: {broken[0][1]}", file=sys.stderr)
+            for runtime in runtimes:
+                runtime.shutdown(graceful_s=0)
             return 1
-    runtime.shutdown(graceful_s=10)
+    for runtime in runtimes:
+        runtime.shutdown(graceful_s=10)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from kvmesh.replica.emulate.runner import EmulatedModelRunner
 from kvmesh.replica.engine.loras import EngineLoRAs
 from kvmesh.replica.engine.request import Request
 from kvmesh.replica.engine.step_time import decode_step_load
@@ -60,4 +61,5 @@ def load_report(engine: LLMEngine) -> LoadReport:
         num_grammar_compiles=len(read_racily(engine.structured_output.compiling)), lora=lora_report(engine.loras, sched.running),
         **engine.kv_connectors.load_fields(),
         decode_step=decode_step_load(engine.decode_step_time, read_racily(lambda: list(sched.running))),
+        emulation=runner.clock.report() if isinstance(runner := engine.model_runner, EmulatedModelRunner) else None,
         **event_stream_report(engine.event_publisher))

@@ -28,7 +28,13 @@ class ExecutorOptions(TypedDict, total=False):
 
 
 def local_model_runner(config: EngineConfig) -> ModelRunnerInterface:
-    """A ModelRunner in this process (what ``LLMEngine`` builds when given no runner)."""
+    """A ModelRunner in this process (what ``LLMEngine`` builds when given no runner); with ``emulation`` an
+    ``EmulatedModelRunner`` (no model: steps wait out a timing profile)."""
+    if config.emulation.enabled:
+        from kvmesh.replica.emulate.runner import EmulatedModelRunner
+
+        return EmulatedModelRunner(config.emulation, config.model, config.block_size, config.resolved_kv_cache_memory,
+                                   config.kv_offload_memory, config.max_model_len, config.hf_config)
     from kvmesh.replica.worker.model_runner import ModelRunner
 
     return ModelRunner(config)
@@ -46,7 +52,7 @@ def local_draft_model(config: EngineConfig, vocab_size: int, max_model_len: int,
 
 def make_model_runner(config: EngineConfig, placement_group: PlacementGroup | None = None,
                       **executor_kwargs: Unpack[ExecutorOptions]) -> ModelRunnerInterface:
-    """A ModelRunner in this process for TP=1, a RayTPExecutor for TP>1."""
+    """A ModelRunner in this process for TP=1 (or an emulated one), a RayTPExecutor for TP>1."""
     if config.tensor_parallel_size == 1:
         return local_model_runner(config)
     from kvmesh.replica.worker.tp_executor import RayTPExecutor

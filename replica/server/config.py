@@ -44,6 +44,10 @@ class ReplicaServerConfig:
     accepted as the model, answers report the first (``served_model_name`` holds it once the config is built)."""
     default_max_tokens: int | None = None
     """max_tokens for chat requests that set none; None fills the context (vLLM's behaviour)."""
+    num_replicas: int = 1
+    """Replicas ``kvmesh replica`` serves from this one process (an emulated fleet, ``--emulate``), replica i on
+    ports ``port + i``, ``event_port + 2i`` and ``replay_port + 2i`` (0: free ones), each its own engine, HTTP
+    server and event stream."""
     admin_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_ADMIN_KEY"})
     """The operator's key for the replica's admin plane (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``);
     the internal key opens it too, the API key never. Unset with any key set: only the internal key opens it."""
@@ -57,6 +61,14 @@ class ReplicaServerConfig:
         for name, port in ports.items():
             if port is not None and not 0 <= port <= 65535:
                 raise ValueError(f"server.{name}={port} is not a TCP port; use 0..65535 (0 = ephemeral)")
+        if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
+            raise ValueError(f"server.num_replicas={self.num_replicas!r} must be a positive integer")
+        if self.num_replicas > 1 and self.events_endpoint:
+            raise ValueError("server.num_replicas > 1 gives each replica its own event port; drop events_endpoint")
+        top = max(p or 0 for p in ports.values()) + 2 * (self.num_replicas - 1)
+        if top > 65535:
+            raise ValueError(f"server.num_replicas={self.num_replicas} counts ports past 65535; lower the ports "
+                             "or use 0 (free ones)")
         check_api_key(self.api_key, "server.api_key")
         check_api_key(self.admin_key, "server.admin_key")
         if self.admin_key is not None and self.admin_key == self.api_key:
@@ -81,6 +93,14 @@ class ReplicaServerConfig:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return self.host == "localhost"
+
+    def nth(self, i: int) -> ReplicaServerConfig:
+        """Replica ``i``'s server of ``num_replicas``: its ports counted up from these (0 stays 0), one replica."""
+        def up(port: int | None, step: int) -> int | None:
+            return port + step * i if port else port
+
+        return replace(self, num_replicas=1, port=up(self.port, 1), event_port=up(self.event_port, 2),
+                       replay_port=up(self.replay_port, 2) or 0)
 
     def publisher_config(self, events: PublisherConfig) -> PublisherConfig | None:
         """The events section with this server's PUB and replay addresses; None: this replica publishes no events."""

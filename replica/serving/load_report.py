@@ -63,6 +63,26 @@ class LoRALoad(msgspec.Struct, kw_only=True):
     """Bytes per second of the replica's adapter loads into a slot (measured); None before the first."""
 
 
+class EmulationLoad(msgspec.Struct, kw_only=True):
+    """``/load``'s ``emulation``: an emulated replica's profile and how well its steps kept to it
+    (replica/emulate/timing.py)."""
+
+    profile: str
+    """The timing profile the steps wait out (``--emulate``)."""
+    time_dilation: float = 1.0
+    """Every step's profile seconds are multiplied by it."""
+    num_steps: int = 0
+    """Steps run so far."""
+    busy_s: float = 0.0
+    """Planned seconds of those steps (the emulated device's busy time)."""
+    cpu_s_per_step: float | None = None
+    """The engine thread's CPU seconds per step, its waits excluded (None before two steps)."""
+    late_s_p50: float | None = None
+    """Median lateness of a step's end (actual minus planned) over the last steps; None before a step."""
+    late_s_p99: float | None = None
+    """99th percentile of that lateness."""
+
+
 class LoadReport(msgspec.Struct, kw_only=True):
     """What a router needs to weigh a replica (cheap to compute, polled often)."""
 
@@ -106,6 +126,8 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """LoRA adapters: which the replica knows, which are resident, what a load costs."""
     decode_step: DecodeStepLoad = msgspec.field(default_factory=DecodeStepLoad)
     """The measured decode step time: the router's price of a request's queue and decode pace."""
+    emulation: EmulationLoad | None = None
+    """An emulated replica's timing (``--emulate``); None: a real model runs."""
 
     def to_dict(self) -> dict:
         """The JSON object ``/load`` answers with."""

@@ -1,0 +1,92 @@
+"""Emulated fleet against the simulator: the same Mooncake requests through kvmesh's router in front of N emulated
+replicas (``kvmesh replica --emulate``, one process) and through ``kvmesh sim``; cached prompt share and mean TTFT
+side by side, and the emulator's own lateness (planned step end against actual, p50/p99).
+
+    kvmesh bench emulated_fleet                     # results/emulated_fleet.json: 16 replicas, the first 200 requests, 4x
+    kvmesh bench emulated_fleet --replicas 4 --num-requests 60 --dilation 2 --out /tmp/emulated_fleet.json
+
+Both sides get the same requests: the trace's first records, prompts cut to ``--max-prompt-tokens`` (16 tokens per
+hash id) and outputs to ``--max-tokens``. The simulator runs its miniature of them (16-token blocks, per-token costs
+x32: model time is the full trace's), the same routing policy, blocks per replica and step budgets; the live
+replicas wait out that same cost model, written as a profile file, times ``--dilation``. The load is sent at the
+trace's timestamps times the dilation, and its TTFTs are divided by it (a slower fleet keeps the machine's own
+lateness a smaller share of each step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks.support.emulated_fleet_live import LiveSettings, run_live
+
+
+def simulate(args: argparse.Namespace, work: Path) -> dict:
+    """``kvmesh sim``'s run on the same requests, in its own process (sim/emulated_check.py writes it)."""
+    out = work / "sim.json"
+    subprocess.run([sys.executable, "-m", "kvmesh.cluster.measure.sim.emulated_check", "--replicas", str(args.replicas),
+                    "--num-requests", str(args.num_requests), "--max-prompt-tokens", str(args.max_prompt_tokens),
+                    "--max-tokens", str(args.max_tokens), "--policy", args.policy, "--seed", str(args.seed),
+                    "--capacity-fraction", f"{args.capacity_fraction:g}", "--out", str(out)], check=True)
+    return json.loads(out.read_text())
+
+
+def compare(sim: dict, live: dict, dilation: float) -> dict:
+    """Hit share in points and mean TTFT in percent, the live TTFT undilated; lateness against the mean TTFT."""
+    live_ttft = live["ttft_s"]["mean"] / dilation
+    sim_ttft = sim["ttft_s"]["mean"]
+    late_p99 = max(r["late_s_p99"] for r in live["replicas"])
+    diffs = sorted(live["ttft_by_request"][rid] / dilation - sim_s for rid, sim_s in sim["ttft_by_request"].items())
+    return {"cached_share_points": 100 * (live["cached_share"] - sim["cached_share"]),
+            "ttft_mean_percent": 100 * (live_ttft / sim_ttft - 1),
+            "live_ttft_mean_s": live_ttft, "sim_ttft_mean_s": sim_ttft,
+            "late_s_p99_worst_replica": late_p99,
+            "late_p99_share_of_live_ttft": late_p99 / live["ttft_s"]["mean"],
+            "per_request_ttft_diff_s": {"p50": diffs[len(diffs) // 2], "mean": sum(diffs) / len(diffs),
+                                        "off_by_over_100ms": sum(abs(d) > 0.1 for d in diffs)},
+            "within": {"cached_share_1_point": abs(live["cached_share"] - sim["cached_share"]) <= 0.01,
+                       "ttft_mean_5_percent": abs(live_ttft / sim_ttft - 1) <= 0.05}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kvmesh bench emulated_fleet", description=__doc__.splitlines()[0])
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--num-requests", type=int, default=200)
+    ap.add_argument("--max-prompt-tokens", type=int, default=1024, help="16 tokens per trace block (512 trace tokens)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--dilation", type=float, default=4.0, help="every step and every arrival gap this many times")
+    ap.add_argument("--policy", default="cache_aware_tokens")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--capacity-fraction", type=float, default=1.0,
+                    help="the fleet's KV blocks as a share of the requests' distinct blocks (the simulator admits a "
+                         "request only with room for its whole output, the engine allocates as it goes: with room "
+                         "to spare they schedule alike)")
+    ap.add_argument("--out", default="results/emulated_fleet.json")
+    ap.add_argument("--work", default=None, help="keep the profile, the logs and the load's per-request file here")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        sim = simulate(args, work)
+        print(f"[emulated_fleet] sim: cached {sim['cached_share']:.3f}, TTFT mean {sim['ttft_s']['mean']:.3f} s",
+              flush=True)
+        settings = LiveSettings(args.replicas, args.num_requests, args.max_prompt_tokens, args.max_tokens,
+                                args.dilation, args.policy, work)
+        live = run_live(settings, sim)
+    result = {"bench": "emulated_fleet", "command": "kvmesh bench emulated_fleet " + " ".join(argv or sys.argv[3:]),
+              "settings": vars(args), "sim": sim,
+              "live": live, "comparison": compare(sim, live, args.dilation), "wall_s": time.monotonic() - t0}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    c = result["comparison"]
+    print(f"[emulated_fleet] live: cached {live['cached_share']:.3f} ({c['cached_share_points']:+.2f} points), TTFT "
+          f"mean {c['live_ttft_mean_s']:.3f} s ({c['ttft_mean_percent']:+.1f}%), lateness p99 "
+          f"{1000 * c['late_s_p99_worst_replica']:.2f} ms; wrote {args.out}", flush=True)
+    return 0
+

@@ -1,0 +1,70 @@
+"""The simulator's half of ``kvmesh bench emulated_fleet``: the trace's first requests as both sides send them, run
+through ``kvmesh sim``'s miniature (16-token blocks, per-token costs x32), written as JSON with each request's TTFT
+and the fleet's sizes, which the live half gives its emulated replicas (the cost model is their profile).
+
+    python -m kvmesh.cluster.measure.sim.emulated_check --replicas 16 --num-requests 200 --out sim.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+MINIATURE = 32
+"""Trace tokens per live token: one 512-token trace block is one 16-token block."""
+
+
+def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int) -> list:
+    """The trace's first records as both sides send them: prompts cut to whole 16-token blocks, outputs capped."""
+    from kvmesh.cluster.measure.sim.request import cut_trace
+    from kvmesh.cluster.measure.workloads.traces import default_trace, read_mooncake
+
+    records = cut_trace(read_mooncake(default_trace(), limit=num_requests), 0, num_requests,
+                        max_prompt_blocks=max_prompt_tokens // 16)
+    return [replace(r, output_length=max(1, min(max_tokens, r.output_length))) for r in records]
+
+
+def simulate(records: list, replicas: int, policy: str, seed: int, capacity_fraction: float) -> dict:
+    """``kvmesh sim``'s run of ``policy`` on the miniature of ``records``: its shares, TTFTs and the fleet it used."""
+    from kvmesh.cluster.measure.sim.config import SimConfig, miniature
+    from kvmesh.cluster.measure.sim.loop import run_policy
+    from kvmesh.cluster.measure.sim.report import summarize
+    from kvmesh.cluster.measure.sim.request import requests_from_mooncake
+    from kvmesh.cluster.measure.sim.run import BlockTokenCache, blocks_per_replica
+
+    config = miniature(SimConfig(num_replicas=replicas, seed=seed, capacity_fraction=capacity_fraction), MINIATURE)
+    block = config.engine.block_size  # a replica holds at least two of the largest requests
+    largest = max(-(-(r.num_prompt_tokens + r.max_output_tokens) // block)
+                  for r in requests_from_mooncake(records, 1.0, block))
+    per_replica = max(blocks_per_replica(config, records), 2 * largest)
+    config = replace(config, blocks_per_replica=per_replica)
+    run = run_policy(policy, requests_from_mooncake(records, 1.0, block), config, per_replica,
+                     BlockTokenCache(block, config.vocab_size, config.seed))
+    summary = summarize(run)
+    return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
+            "ttft_by_request": {r.request_id: r.first_token_s - r.arrival_s for r in run.requests},
+            "blocks_per_replica": per_replica, "cost": asdict(config.cost),
+            "max_num_batched_tokens": config.engine.max_num_batched_tokens, "max_num_seqs": config.engine.max_num_seqs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--num-requests", type=int, default=200)
+    ap.add_argument("--max-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--policy", default="cache_aware_tokens")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--capacity-fraction", type=float, default=1.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    records = requests(args.num_requests, args.max_prompt_tokens, args.max_tokens)
+    result = simulate(records, args.replicas, args.policy, args.seed, args.capacity_fraction)
+    Path(args.out).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
