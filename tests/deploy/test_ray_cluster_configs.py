@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-CLUSTER_CONFIGS = sorted(p for p in DEPLOY.glob("*.yaml") if not p.name.startswith("serve"))
+CLUSTER_CONFIGS = sorted(p for p in DEPLOY.glob("*.yaml") if not p.name.startswith(("serve", "kuberay")))
+"""The `ray up` configs: not the serve configs, nor KubeRay's manifest (tests/deploy/test_kuberay.py)."""
 
 
 def _validate(config: dict) -> dict:
