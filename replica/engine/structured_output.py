@@ -176,7 +176,8 @@ class StructuredOutputManager:
             del cache[key]
         while len(cache) > self.config.cache_size:
             del cache[next(iter(cache))]
-        sizes = {key: len(key[1]) + (f.result().memory_size_bytes if f.done() else 0) for key, f in cache.items()}
+        sizes = {key: len(key[1]) + (f.result().memory_size_bytes if f.done() and not _failed(f) else 0)
+                 for key, f in cache.items()}  # a compile may fail meanwhile (the pool's thread)
         total = sum(sizes.values())
         for key in list(cache):
             if total <= self.config.cache_memory:
