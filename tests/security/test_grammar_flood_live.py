@@ -152,6 +152,7 @@ def flood(url: str, round_: int) -> tuple[httpx.Response, float, list[float]]:
     return light, structured_s, during
 
 
+@pytest.mark.timeout(600)  # two floods, each 60 s or more on a loaded 2-core machine
 def test_a_grammar_flood_leaves_the_light_tenant_and_the_replica_as_they_were(stories_path):
     with replica(stories_path, compile_timeout_s=0.5) as (proc, url, _):
         timed_plain(url, 5)  # warm
