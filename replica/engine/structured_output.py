@@ -198,11 +198,16 @@ class StructuredOutputManager:
         pool.warm()
 
     def _trim_cache(self) -> None:
-        """Drop the oldest grammars past cache_size of them or cache_memory bytes of the compiled ones."""
+        """Drop the compiles that failed (nothing in them to reuse: the spec compiles again when asked), then the
+        oldest past cache_size of them or cache_memory bytes (a grammar compiled, and the text of its spec: a spec
+        that never compiles is as large as its request sent)."""
         cache = self._cache
+        for key in [key for key, future in cache.items() if _failed(future)]:
+            del cache[key]
         while len(cache) > self.config.cache_size:
             del cache[next(iter(cache))]
-        sizes = {key: f.result().memory_size_bytes for key, f in cache.items() if f.done() and not _failed(f)}
+        sizes = {key: len(key[1]) + (f.result().memory_size_bytes if f.done() and not _failed(f) else 0)
+                 for key, f in cache.items()}  # a compile may fail meanwhile (the pool's thread)
         total = sum(sizes.values())
         for key in list(cache):
             if total <= self.config.cache_memory:
@@ -235,6 +240,8 @@ class StructuredOutputManager:
             self._compiling.discard(request_id)
             if self.pool is not None:
                 self.pool.release(grammar.params.key, request_id)
+        if grammar is not None and _failed(grammar.future) and self._cache.get(grammar.params.key) is grammar.future:
+            del self._cache[grammar.params.key]  # failed, or cancelled as it left: its spec is not kept (_trim_cache)
         self._reasoning.discard(request_id)
 
     def grammar_bitmask(self, sched: SchedulerOutput) -> GrammarBitmask | None:

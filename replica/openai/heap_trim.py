@@ -1,11 +1,19 @@
 """Handing the heap a large request body left behind back to the system.
 
+A request that fails keeps what it decoded alive after it ends: its exception's traceback holds the frames that
+decoded, rendered and tokenized the body (their ``raw``, ``body`` and request locals), and the asyncio future that
+carried the exception off the render thread is one of those frames' locals, a cycle only the garbage collector
+breaks. The router's young generation waits for 10,000 net new objects (router_server.py), so after an attack the
+last few large bodies' millions of objects stayed for as long as the process idled (30 MB and more after four
+100,000-message chats). ``after_large_body`` therefore first runs a full collection, then the trim.
+
 glibc's malloc keeps what a thread frees in that thread's arena, and after a large block is freed it raises its mmap
 threshold (up to 32 MiB), so the next bodies of that size come from the heap too: the megabytes a large body was read
 and decoded into stay resident after its request ends. A tenant sending 30 MB bodies, decoded on the render threads,
-left a replica 80-150 MB larger for good. ``after_large_body`` asks for one ``malloc_trim(0)`` (every arena) a
-moment after bodies of ``TRIM_AFTER_BYTES`` or more stop arriving (``TRIM_DELAY_S`` without one), on the render
-threads; it does nothing where the C library has no ``malloc_trim`` (musl, macOS).
+left a replica 80-150 MB larger for good. ``after_large_body`` asks for one ``gc.collect()`` and one
+``malloc_trim(0)`` (every arena) a moment after bodies of ``TRIM_AFTER_BYTES`` or more stop arriving
+(``TRIM_DELAY_S`` without one), on the render threads; where the C library has no ``malloc_trim`` (musl, macOS) it
+only collects.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import gc
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -49,7 +58,7 @@ def after_large_body(size: int, offload: Callable[..., Awaitable[object]]) -> No
     """A body of ``size`` bytes was read on the running loop: if it was large, trim the heap soon through ``offload``
     (``PromptRenderer.run``: the render threads, which the large body started anyway; module doc)."""
     global _next_trim, _last_large
-    if size < TRIM_AFTER_BYTES or malloc_trim() is None:
+    if size < TRIM_AFTER_BYTES:
         return
     with _lock:
         _last_large = now = time.monotonic()
@@ -77,4 +86,12 @@ def _start(loop: asyncio.AbstractEventLoop, offload: Callable[..., Awaitable[obj
 
 async def _trim(offload: Callable[..., Awaitable[object]]) -> None:
     with contextlib.suppress(ProtocolError):  # the pool busier than render_timeout_s: the next large body trims
-        await offload(malloc_trim(), 0)
+        await offload(release)
+
+
+def release() -> None:
+    """Free the cyclic garbage failed requests left (module doc), then hand the heap's free pages back."""
+    gc.collect()
+    trim = malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -18,8 +18,8 @@ class StructuredOutputsConfig:
     cache_size: int = 256
     """Compiled grammars kept by their spec; the oldest is dropped past this many."""
     cache_memory: int = 64 << 20
-    """Bytes of compiled grammars kept by the engine, and the bound of each compile process's own xgrammar cache;
-    the oldest is dropped past it."""
+    """Bytes of compiled grammars (with the text of their specs) kept by the engine, and the bound of each compile
+    process's own xgrammar cache; the oldest is dropped past it. Compiles that failed are not kept."""
     any_whitespace: bool = False
     """JSON grammars let the model put whitespace between tokens; off, a small model closes its object instead of
     padding it (a request's ``disable_any_whitespace`` decides for itself)."""

@@ -28,13 +28,50 @@ def test_a_large_body_asks_for_one_trim_soon_and_a_small_one_for_none(monkeypatc
             heap_trim.after_large_body(heap_trim.TRIM_AFTER_BYTES, offload)
             await asyncio.sleep(0.03)
         assert calls == []
-        await asyncio.sleep(0.3)
+        await _until(lambda: calls == [0])  # its collection first: a while on a busy machine
         assert calls == [0]
         heap_trim.after_large_body(32 << 20, offload)  # a later one: its own trim
-        await asyncio.sleep(0.3)
+        await _until(lambda: calls == [0, 0])
         assert calls == [0, 0]
 
     asyncio.run(main())
+
+
+async def _until(condition, timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
+class _Failed:
+    """What a failed request leaves: a large value in a reference cycle (its exception, traceback and future)."""
+
+    def __init__(self) -> None:
+        self.body = [{"role": "user", "content": str(i)} for i in range(100_000)]
+        self.cycle = self
+
+
+def test_the_cyclic_garbage_a_failed_request_left_is_freed_with_the_trim(monkeypatch):
+    import gc
+    import weakref
+
+    monkeypatch.setattr(heap_trim, "malloc_trim", lambda: (lambda pad: 0))
+    monkeypatch.setattr(heap_trim, "TRIM_DELAY_S", 0.05)
+    monkeypatch.setattr(heap_trim, "_next_trim", 0.0)
+    monkeypatch.setattr(heap_trim, "_last_large", 0.0)
+
+    async def main() -> weakref.ref:
+        left = weakref.ref(_Failed())  # garbage now, freed only by a collection
+        heap_trim.after_large_body(heap_trim.TRIM_AFTER_BYTES, lambda fn, *args: asyncio.to_thread(fn, *args))
+        await _until(lambda: left() is None)
+        return left
+
+    gc.disable()  # no collection but the trim's (the router's young collections wait for 10,000 new objects)
+    try:
+        assert asyncio.run(main())() is None
+    finally:
+        gc.enable()
 
 
 _CHURN = """

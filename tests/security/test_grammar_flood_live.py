@@ -7,8 +7,10 @@
 
 The light tenant's p90 stays within 3x its unloaded p90 during and after the attack; its next structured request
 is answered at once (the abandoned compiles were dequeued, not run); 5 s after the attacker stops nothing is
-compiling or busy in the replica, it holds its fixed compile processes, and its memory (RSS with its children) is
-back within 100 MB. And SIGTERM ends a replica whose compile processes are busy within 10 s, leaving none behind.
+compiling or busy in the replica and it holds its fixed compile processes. Its memory (RSS with its children) is read
+after the flood and after a second flood of fresh values: the first may leave the allocator's high-water mark (the
+heap the checks and replies grew, kept for reuse), the second must not add to it (``SECOND_ROUND_MB``). And SIGTERM
+ends a replica whose compile processes are busy within 10 s, leaving none behind.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ PLAIN = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.0, "use
 COMPILE_PROCESSES = 2
 BASELINE_FLOOR_S = 0.05
 """The unloaded p90 counted at least this (timer and scheduling noise of a small shared test machine)."""
+SECOND_ROUND_MB = 16
+"""Resident memory the replica's process tree may gain over a second flood: the readings' own noise (a replaced
+compile process's first pages) is a few MB. What the first flood leaves (the heap its checks grew, kept by the
+allocator for reuse: about 16 MB) is reused by the second; a holder of what a flood sends or compiles (its 60
+schemas, its 1,000-word choice lists) grows again by its size."""
 
 
 @contextlib.contextmanager
@@ -127,6 +134,25 @@ def quiet_cpu(proc: psutil.Process, window_s: float = 1.0) -> float:
     return busy_seconds(watched) - before
 
 
+def flood(url: str, round_: int) -> tuple[httpx.Response, float, list[float]]:
+    """One flood (the module doc), its values fresh for each ``round_``: the light tenant's structured answer and its
+    wait, and its plain timings meanwhile."""
+    stop, bodies = threading.Event(), [slow_bodies(seed) for seed in (2 * round_, 2 * round_ + 1)]
+    with ThreadPoolExecutor(2 + 60) as attackers:
+        slow = [attackers.submit(slow_compiles, url, stop, mine) for mine in bodies]
+        time.sleep(1.0)
+        list(attackers.map(abandon, [url] * 60, range(60 * round_, 60 * round_ + 60)))
+        start = time.perf_counter()
+        light = httpx.post(url + "/v1/completions", headers=AUTH, timeout=60, json={
+            **PLAIN, "max_tokens": 64, "structured_outputs": {"choice": ["light-yes", "light-no"]}})
+        structured_s = time.perf_counter() - start
+        during = timed_plain(url, 30)
+        stop.set()
+        assert sum(f.result() for f in slow) >= 2
+    return light, structured_s, during
+
+
+@pytest.mark.timeout(600)  # two floods, each 60 s or more on a loaded 2-core machine
 def test_a_grammar_flood_leaves_the_light_tenant_and_the_replica_as_they_were(stories_path):
     with replica(stories_path, compile_timeout_s=0.5) as (proc, url, _):
         timed_plain(url, 5)  # warm
@@ -136,18 +162,7 @@ def test_a_grammar_flood_leaves_the_light_tenant_and_the_replica_as_they_were(st
         unloaded = max(p90(timed_plain(url, 30)), BASELINE_FLOOR_S)
         rss, threads = tree_rss(proc), proc.num_threads()
 
-        stop, bodies = threading.Event(), [slow_bodies(seed) for seed in range(2)]
-        with ThreadPoolExecutor(2 + 60) as attackers:
-            slow = [attackers.submit(slow_compiles, url, stop, mine) for mine in bodies]
-            time.sleep(1.0)
-            list(attackers.map(abandon, [url] * 60, range(60)))
-            start = time.perf_counter()
-            light = httpx.post(url + "/v1/completions", headers=AUTH, timeout=60, json={
-                **PLAIN, "max_tokens": 64, "structured_outputs": {"choice": ["light-yes", "light-no"]}})
-            structured_s = time.perf_counter() - start
-            during = timed_plain(url, 30)
-            stop.set()
-            assert sum(f.result() for f in slow) >= 2
+        light, structured_s, during = flood(url, 0)
         assert light.status_code == 200 and light.json()["choices"][0]["text"] in ("light-yes", "light-no"), light.text
         assert structured_s < 10, f"the light tenant's structured request waited {structured_s:.1f} s"
         assert p90(during) <= 3 * unloaded, (p90(during), unloaded)
@@ -159,9 +174,22 @@ def test_a_grammar_flood_leaves_the_light_tenant_and_the_replica_as_they_were(st
         assert len(compile_workers(proc)) == COMPILE_PROCESSES
         assert quiet_cpu(proc) < 0.3, "something still runs in the replica 5 s after the attacker stopped"
         assert proc.num_threads() <= threads + 8, (proc.num_threads(), threads)
-        assert tree_rss(proc) - rss < 100 << 20, (tree_rss(proc) - rss) >> 20
         after = timed_plain(url, 30)
         assert p90(after) <= 3 * unloaded, (p90(after), unloaded)
+        _second_flood_adds_no_memory(proc, url, rss)
+
+
+def _second_flood_adds_no_memory(proc: psutil.Process, url: str, before: int) -> None:
+    """``SECOND_ROUND_MB``: the tree's memory after a second flood against what the first one left."""
+    first = tree_rss(proc)
+    flood(url, 1)
+    time.sleep(5)
+    assert wait_for(lambda: len(compile_workers(proc)) == COMPILE_PROCESSES, 10)
+    second = tree_rss(proc)
+    figures = (f"the replica's processes: {before >> 20} MB before the floods, {first >> 20} MB after the first, "
+               f"{second >> 20} MB after the second")
+    print(figures)  # shown for a test that passed too (pytest -rP)
+    assert second - first < SECOND_ROUND_MB << 20, figures
 
 
 def test_sigterm_ends_a_replica_with_compiles_running(stories_path):

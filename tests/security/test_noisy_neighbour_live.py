@@ -13,7 +13,11 @@ completions are timed one after another and the fleet is read every half second 
   the bound is on what the values add);
 - the router never held a replica down or ejected it, and each replica's ``/health`` answered 200;
 - ``SETTLE_S`` after the attack, each process's threads are back to what they were before it (within
-  ``THREAD_SLACK``) and its memory within ``MEMORY_MB``.
+  ``THREAD_SLACK``);
+- the same attack once more: each process's memory ``SETTLE_S`` after it is within ``SECOND_ROUND_MB`` of what it
+  was ``SETTLE_S`` after the first. The first leaves each process's allocators at their high-water mark (what the
+  largest bodies were decoded, rendered and tokenized into, freed and kept for reuse: 50-110 MB in the router, by the
+  machine) and its bounded caches filled; a holder of anything the attack sends grows again by its size.
 
 A failure names the fields (and values) in flight when it happened. ``python tests/security/noisy_attacker.py``
 replays chosen cases (``--match``) against any router.
@@ -46,16 +50,19 @@ THREAD_SLACK = 2
 """Threads a process may have gained after the attack: idle threads of its bounded pools that grow on demand (the
 event loop's default executor, the tokenizer's own threads) and that the warm-up did not happen to grow. A thread left
 per hostile request, or a compile left running, is far past it (the attack sends thousands)."""
-MEMORY_MB = 100.0
-"""Resident memory a process may keep after the attack: its bounded caches filling (compiled grammars up to
-``structured_outputs.cache_memory``, 64 MiB); the heap large bodies leave is handed back (heap_trim.py)."""
+SECOND_ROUND_MB = 24.0
+"""Resident memory a process may gain over the second round of the attack: the allocators still settling, none of it
+in use (rounds of the largest cases alone took the router 107, 155, 168, 185 MB while glibc's in-use bytes stayed at
+23 MB: its free lists and pymalloc's partly used arenas grew 10-17 MB a round). A holder of what the attack sends
+holds far more: the decoded bodies of a few 100,000-message chats are 30 MB."""
 ALONE_S = 4.0
 """The light tenant alone, first (its p90 then is reported beside the base)."""
 CONTROL_S = 10.0
 """The control: the noisy tenant's plain requests, before the attack (the light tenant's p90 then is the base)."""
 ATTACK_S = 240.0
 """No hostile request is sent after this (the ~2,400 take about a minute when every one is answered at once)."""
-pytestmark = [pytest.mark.live, pytest.mark.timeout(ATTACK_S + 180)]  # noisy_fleet.py starts the processes
+pytestmark = [pytest.mark.live, pytest.mark.timeout(2 * (ATTACK_S + 2 * (HANG_S + 5)) + 240)]
+"""Two rounds, each up to its deadline and its stragglers, and the fleet's start (noisy_fleet.py) and warm-up."""
 
 WARM_UP = [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
@@ -81,10 +88,16 @@ class Attack:
     """When the control began (it ends at ``start``)."""
     start: float
     end: float
+    first: Reading
+    """``SETTLE_S`` after the attack, before it is sent again."""
+    again: tuple[float, float]
+    """When the second round began and ended."""
+    repeated: list[dict]
+    """The second round's answers."""
 
     def in_flight(self, t0: float, t1: float) -> list[str]:
         """The hostile cases in flight between ``t0`` and ``t1``."""
-        return [r["name"] for r in self.results if r["t0"] < t1 and r["t1"] > t0]
+        return [r["name"] for r in self.results + self.repeated if r["t0"] < t1 and r["t1"] > t0]
 
 
 @pytest.fixture(scope="module")
@@ -115,29 +128,42 @@ def _warm_up(fleet: NoisyFleet) -> None:
                 list(pool.map(lambda item, url=replica.url: send(item, url, INTERNAL_KEY), [REPLICA_WARM_UP] * 8))
 
 
+def _send_all(fleet: NoisyFleet, out: Path) -> tuple[float, float]:
+    """Every hostile case, once (noisy_attacker.py), its answers written to ``out``; when it began and ended."""
+    start = time.monotonic()
+    done = subprocess.run([*_attacker(fleet, out), "--timeout-s", str(HANG_S + 5), "--deadline-s", str(ATTACK_S)],
+                          capture_output=True, text=True, timeout=ATTACK_S + 2 * (HANG_S + 5))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return start, time.monotonic()
+
+
+def _attacker(fleet: NoisyFleet, out: Path) -> list[str]:
+    return [sys.executable, str(Path(__file__).with_name("noisy_attacker.py")), fleet.url, KEYS["noisy"], str(out)]
+
+
 @pytest.fixture(scope="module")
 def attack(fleet, tmp_path_factory):
     _warm_up(fleet)
     light, watch = LightTenant(fleet.url).start(), Watch(fleet).start()
-    out = tmp_path_factory.mktemp("attack") / "results.jsonl"
-    attacker = [sys.executable, str(Path(__file__).with_name("noisy_attacker.py")), fleet.url, KEYS["noisy"], str(out)]
+    out = tmp_path_factory.mktemp("attack")
     try:
         time.sleep(ALONE_S)
         control = time.monotonic()
-        done = subprocess.run([*attacker, "--plain-s", str(CONTROL_S)], capture_output=True, text=True,
-                              timeout=CONTROL_S + 60)
+        done = subprocess.run([*_attacker(fleet, out / "control.jsonl"), "--plain-s", str(CONTROL_S)],
+                              capture_output=True, text=True, timeout=CONTROL_S + 60)
         assert done.returncode == 0, done.stderr[-3000:]
-        before, start = fleet.read(), time.monotonic()
-        done = subprocess.run([*attacker, "--timeout-s", str(HANG_S + 5), "--deadline-s", str(ATTACK_S)],
-                              capture_output=True, text=True, timeout=ATTACK_S + 2 * (HANG_S + 5))
-        end = time.monotonic()
-        assert done.returncode == 0, done.stderr[-3000:]
+        before = fleet.read()
+        start, end = _send_all(fleet, out / "results.jsonl")
+        time.sleep(SETTLE_S)
+        first = fleet.read()
+        again = _send_all(fleet, out / "again.jsonl")
         time.sleep(SETTLE_S)
     finally:
         light.stop()
         watch.stop()
-    results = [json.loads(line) for line in out.read_text().splitlines()]
-    return Attack(results, light, watch.readings, before, control, start, end)
+    results, repeated = ([json.loads(line) for line in (out / name).read_text().splitlines()]
+                         for name in ("results.jsonl", "again.jsonl"))
+    return Attack(results, light, watch.readings, before, control, start, end, first, again, repeated)
 
 
 def _windows(timings: list[Timing]) -> list[list[Timing]]:
@@ -162,7 +188,7 @@ def test_the_light_tenant_keeps_its_latency_during_and_after_the_attack(attack):
     failed = [t for t in light.timings if t.status != 200]
     assert not failed, f"the light tenant's requests failed: {failed[:10]}"
     slow = []
-    for phase, (t0, t1) in {"during": (attack.start, attack.end), "after": (attack.end, float("inf"))}.items():
+    for phase, (t0, t1) in {"during": (attack.start, attack.end), "after": (attack.end, attack.again[0])}.items():
         timings = light.between(t0, t1)
         if timings and (seen := p90(timings)) > SLOWDOWN * base:
             slow.append(f"p90 {seen * 1e3:.0f} ms {phase} the attack ({len(timings)} requests); its slow windows:")
@@ -192,16 +218,20 @@ def test_the_router_holds_every_replica_healthy_and_ejects_none(attack):
 
 def test_threads_and_memory_come_back_after_the_attack(attack):
     after = attack.readings[-1]
-    assert after.t - attack.end >= SETTLE_S - 1
+    assert after.t - attack.again[1] >= SETTLE_S - 1
     kept = []
     for name, threads in attack.before.threads.items():
         peak = max(r.threads.get(name, 0) for r in attack.readings)
         if after.threads[name] > threads + THREAD_SLACK:
             new = after.thread_names[name] - attack.before.thread_names[name]
             kept.append(f"{name}: {threads} threads before, {after.threads[name]} after (peak {peak}): {dict(new)}")
-        if after.rss_mb[name] > attack.before.rss_mb[name] + MEMORY_MB:
+        memory = (f"{name}: {attack.before.rss_mb[name]:.0f} MB before the attack, {attack.first.rss_mb[name]:.0f} MB "
+                  f"after it, {after.rss_mb[name]:.0f} MB after it again")
+        print(memory)  # shown for a test that passed too (pytest -rP)
+        if after.rss_mb[name] > attack.first.rss_mb[name] + SECOND_ROUND_MB:
+            second = [r for r in attack.readings if r.t >= attack.again[0]]
             grew = max((b.rss_mb.get(name, 0) - a.rss_mb.get(name, 0), a.t) for a, b in
-                       zip(attack.readings, attack.readings[1:], strict=False))
-            kept.append(f"{name}: {attack.before.rss_mb[name]:.0f} MB before, {after.rss_mb[name]:.0f} MB after (most "
-                        f"growth, {grew[0]:.0f} MB, attacking {attack.in_flight(grew[1], grew[1] + 1)[:6]})")
+                       zip(second, second[1:], strict=False))
+            kept.append(f"{memory} (most growth, {grew[0]:.0f} MB, attacking "
+                        f"{attack.in_flight(grew[1], grew[1] + 1)[:6]})")
     assert not kept, "\n".join(kept)
