@@ -50,11 +50,12 @@ THREAD_SLACK = 2
 """Threads a process may have gained after the attack: idle threads of its bounded pools that grow on demand (the
 event loop's default executor, the tokenizer's own threads) and that the warm-up did not happen to grow. A thread left
 per hostile request, or a compile left running, is far past it (the attack sends thousands)."""
-SECOND_ROUND_MB = 24.0
+SECOND_ROUND_MB = 40.0
 """Resident memory a process may gain over the second round of the attack: the allocators still settling, none of it
-in use (rounds of the largest cases alone took the router 107, 155, 168, 185 MB while glibc's in-use bytes stayed at
-23 MB: its free lists and pymalloc's partly used arenas grew 10-17 MB a round). A holder of what the attack sends
-holds far more: the decoded bodies of a few 100,000-message chats are 30 MB."""
+in use. Rounds of the largest cases alone took the router 107, 155, 168, 185 MB while glibc's in-use bytes stayed at
+23 MB (its free lists and pymalloc's partly used arenas grew 10-17 MB a round); whole rounds on a 2-core machine at a
+load average of 14-20 took the replicas 4-25 MB further. A holder of what the attack sends grows by all of it each
+round: before the router collected the cycles refused bodies leave (heap_trim.py), one round kept 60-80 MB."""
 ALONE_S = 4.0
 """The light tenant alone, first (its p90 then is reported beside the base)."""
 CONTROL_S = 10.0
