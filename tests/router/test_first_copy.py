@@ -17,6 +17,8 @@ from kvmesh.router.routing.tier_matches import TierMatches
 
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt
+GATED = CacheAwareTokensConfig(turnover_while_filling=False)
+"""Turnover priced as far as a replica evicts or the fleet is busy (the option these tests are about)."""
 
 
 def _stored(first: int, n: int, medium: str = "GPU") -> BlockStored:
@@ -65,7 +67,7 @@ def test_an_idle_fleet_keeps_a_conversation_on_the_replica_holding_it():
     """The live case: turn 1 went to ``holder``; its intake puts it at the churn clamp (2 per uncached token) and the
     other at the floor (1/2). Neither evicts, so each uncached token costs 1 on both: 1,024 - 80 cached against
     1,024, and turn 2 stays. On caches that evict, the turnover term still sends it away (944 x 2 > 1,024 / 2)."""
-    policy = get_policy("cache_aware_tokens", block_size=BS)
+    policy = get_policy("cache_aware_tokens", GATED, block_size=BS)
     filling = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
     assert policy.costs(KEYS, {"holder": 5}, filling) == {"holder": 944.0, "other": 1024.0}
     assert policy.choose(KEYS, TierMatches({"holder": 5}), filling) == "holder"
@@ -78,10 +80,10 @@ def test_turnover_counts_as_far_as_the_replica_is_evicting():
     """Half evicting: 1 + 1 x 0.5 x (2 - 1) = 1.5 per uncached token at the clamp, 1 + 0.5 x (1/2 - 1) = 0.75 at the
     floor (the backlog weight also sits halfway, but nothing is queued)."""
     loads = {"busy": ReplicaLoad(recent_prefill=1024.0, evicting=0.5), "idle": ReplicaLoad(evicting=0.5)}
-    assert get_policy("cache_aware_tokens", block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0, "idle": 768.0}
+    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0, "idle": 768.0}
 
 
-FILLING = CacheAwareTokensConfig(filling_backlog_weight=1.0)
+FILLING = CacheAwareTokensConfig(filling_backlog_weight=1.0, turnover_while_filling=False)
 
 
 @pytest.mark.parametrize("queued, chosen", [(959, "holder"), (961, "other")])
@@ -92,7 +94,7 @@ def test_while_the_fleet_fills_the_holder_keeps_a_request_unless_its_queue_costs
     loads = {"holder": ReplicaLoad(queued_prefill_tokens=queued), "other": ReplicaLoad()}
     assert policy.costs(KEYS, {"holder": 60}, loads)["holder"] == 64 + queued
     assert policy.choose(KEYS, TierMatches({"holder": 60}), loads) == chosen
-    unset = get_policy("cache_aware_tokens", block_size=BS)
+    unset = get_policy("cache_aware_tokens", GATED, block_size=BS)
     assert unset.costs(KEYS, {"holder": 60}, loads)["holder"] == pytest.approx(64 + 0.15 * queued)
 
 
@@ -111,7 +113,16 @@ def test_a_busy_fleet_prices_the_intake_of_a_replica_not_evicting_as_far_as_it_i
     """No cache evicts; one of the two replicas runs a request (busy = 1/2): 1 + 0.5 x (2 - 1) = 1.5 per uncached
     token at the clamp, 0.75 at the floor; 8 for the running request's step. ``busy_turnover`` off: 1 and 1."""
     loads = {"busy": ReplicaLoad(recent_prefill=1024.0, in_flight=1), "idle": ReplicaLoad()}
-    assert get_policy("cache_aware_tokens", block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0 + 8,
+    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0 + 8,
                                                                                       "idle": 768.0}
-    off = get_policy("cache_aware_tokens", CacheAwareTokensConfig(busy_turnover=False), block_size=BS)
+    off = get_policy("cache_aware_tokens", CacheAwareTokensConfig(busy_turnover=False, turnover_while_filling=False),
+                     block_size=BS)
     assert off.costs(KEYS, {}, loads) == {"busy": 1024.0 + 8, "idle": 1024.0}
+
+
+def test_the_default_prices_turnover_on_every_replica_as_its_published_figures_were_measured():
+    """The default reads every replica as evicting: the idle holder at the churn clamp still sends turn 2 away (the
+    gap ``turnover_while_filling=False`` closes)."""
+    policy = get_policy("cache_aware_tokens", block_size=BS)
+    filling = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
+    assert policy.costs(KEYS, {"holder": 5}, filling) == {"holder": 944.0 * 2, "other": 512.0}

@@ -12,7 +12,7 @@ For each candidate replica ``r``, in prefill-token units::
 
     turnover(r) = 1 + churn_weight * g(r) * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
                                                          clamped to [1 / churn_clamp, churn_clamp]
-    g(r)        = max(evicting(r), busy)
+    g(r)        = 1, or with turnover_while_filling off: max(evicting(r), busy)
     backlog_w   = backlog_weight + (filling_backlog_weight - backlog_weight) * (1 - mean evicting)
 
 ``evicting(r)``: the share of the blocks ``r`` stored lately that evicted one, from its KV events
@@ -186,7 +186,10 @@ class CacheAwareTokensPolicy(Policy):
         return any(load.lora is not None and lora_name in load.lora.adapters for load in loads.values())
 
     def _busy(self, loads: Loads) -> float:
-        """With ``busy_turnover``, the share of candidates with requests queued or running (0: off)."""
+        """With ``busy_turnover``, the share of candidates with requests queued or running (0: off; 1 with
+        ``turnover_while_filling``, so every replica's turnover counts whole)."""
+        if self.config.turnover_while_filling:
+            return 1.0
         if not self.config.busy_turnover:
             return 0.0
         return sum(1 for load in loads.values() if load.prefill_backlog or load.decode_load) / len(loads)
@@ -298,7 +301,8 @@ class CacheAwareTokensPolicy(Policy):
         total = sum(recent.tolist()) if c.churn_weight else 0.0  # summed as _churn_factor sums, in row order
         evicting = cols.evicting[rows]
         if total > 0:
-            busy = np.count_nonzero((backlog != 0) | (decode != 0)) / len(rows) if c.busy_turnover else 0.0
+            busy = 1.0 if c.turnover_while_filling else \
+                np.count_nonzero((backlog != 0) | (decode != 0)) / len(rows) if c.busy_turnover else 0.0
             g = np.maximum(evicting, busy)
             x = np.clip((len(rows) / total) * recent, 1 / c.churn_clamp, c.churn_clamp)
             cost = np.where((cost != 0) & (g != 0), cost * (1 + c.churn_weight * g * (x - 1)), cost)

@@ -29,6 +29,12 @@ class CacheAwareTokensConfig(PolicyConfig):
     (``recent_prefill``) evict younger, likelier-reused blocks; they cost ``1 + churn_weight * evicting * (churn /
     mean churn - 1)`` each instead of 1 (``evicting``: the share of its stores that evict, ``ReplicaLoad.evicting``;
     0 while its cache fills, where a token stored evicts nothing)."""
+    turnover_while_filling: bool = True
+    """Price turnover on every replica, evicting or not (``evicting`` read as 1: the rule every published figure of
+    this policy was measured with). False: as far as the replica evicts or the fleet is busy (``busy_turnover``), so
+    on an idle fleet a conversation's next turn stays on its holder; it holds the Mooncake headline and fails the
+    chatbot cell at 2x on mean TTFT against ``dynamo`` (docs/benchmarks/routing-against-peers.md), so it is not the
+    default until the matrix and every table are re-run with it."""
     busy_turnover: bool = True
     """Price turnover on a replica not evicting too, as far as the fleet is busy (the share of candidates with
     requests queued or running): spreading intake then evens the queues. On an idle fleet it would only copy a
