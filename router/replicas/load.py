@@ -56,6 +56,11 @@ class ReplicaLoad:
     """Device blocks its KV events stored (the blocks ``comeback`` is taken over)."""
     came_back_blocks: int = 0
     """Of ``stored_blocks``, those that came back after an eviction (on it or another replica)."""
+    evicting: float = 0.0
+    """Share of the device blocks the replica stored lately that evicted a cached block (from its KV events:
+    router/routing/evicting.py): 0 while its cache fills, about 1 once every store pushes a block out."""
+    evict_sums: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """``evicting``'s decayed sums: [blocks stored, blocks removed] (a list: updating it marks no row stale)."""
     landing_pulls: int = 0
     """This router's requests sent here with a peer pull still landing, by its priced seconds: each joins the
     replica's queue when its pull lands, behind a request sent meanwhile (router/routing/pulls_landing.py)."""

@@ -19,6 +19,7 @@ from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.roles import BOTH, check_role
 from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
+from kvmesh.router.routing.evicting import apply_evictions
 from kvmesh.router.routing.eviction_ghosts import EvictionGhosts
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
@@ -158,6 +159,7 @@ class KVRouter:
         with self.lock:
             if (replica := self.replicas.get(replica_id)) is not None:
                 self.index.apply(replica_id, events)
+                apply_evictions(replica.load, events)
                 if self.ghosts is not None:
                     self.ghosts.apply(replica.load, events)
                 self.events_applied += len(events)

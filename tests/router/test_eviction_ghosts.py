@@ -143,18 +143,20 @@ def test_a_second_copy_costs_what_its_eviction_brings_back():
     the 960 held tokens costs 0.8 x 960 more, 1792, and the request stays on its prefix. With nothing coming back,
     the copy costs nothing."""
     keys, tiers = list(range(64)), TierMatches({"holder": 60})
-    loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000, comeback=0.6), "idle": ReplicaLoad(comeback=1.0)}
+    loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000, comeback=0.6, evicting=1.0),
+             "idle": ReplicaLoad(comeback=1.0, evicting=1.0)}
     costs = _policy(ghost_weight=1.0).costs(keys, {"holder": 60}, loads)
     assert costs == {"holder": pytest.approx(1264.0), "idle": pytest.approx(1024 + 0.8 * 960)}
     assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "holder"
     assert _policy().choose(keys, tiers, loads) == "idle"  # unset: off without pulls
-    loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000), "idle": ReplicaLoad()}
+    loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000, evicting=1.0), "idle": ReplicaLoad(evicting=1.0)}
     assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "idle"
 
 
 def _pulling(**fields) -> ReplicaLoad:
+    """A replica that can pull, its cache full (evicting: queued prefill at ``backlog_weight``)."""
     return ReplicaLoad(prefill_tokens_per_s=10_000.0, kv_transfer_enabled=True, kv_block_bytes=1 << 20,
-                       pull_bytes_per_s=1e10, pull_fixed_s=0.001, **fields)
+                       pull_bytes_per_s=1e10, pull_fixed_s=0.001, **{"evicting": 1.0, **fields})
 
 
 def test_a_pull_is_priced_at_its_share_of_the_compute_time():

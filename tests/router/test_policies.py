@@ -20,8 +20,10 @@ BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt
 
 
-def loads(n=2, **per_replica):
-    out = {f"r{i}": ReplicaLoad() for i in range(n)}
+def loads(n=2, evicting=1.0, **per_replica):
+    """``n`` replicas' loads, each evicting as given (1: full caches, where the default's weights were tuned; its
+    filling fleet: tests/router/test_first_copy.py), then ``per_replica``'s fields set."""
+    out = {f"r{i}": ReplicaLoad(evicting=evicting) for i in range(n)}
     for rid, kw in per_replica.items():
         for k, v in kw.items():
             setattr(out[rid], k, v)
@@ -221,11 +223,11 @@ def _check_choice_is_min_cost(policy, rng):
 
 
 def test_cache_aware_tokens_turnover_spread_outweighs_a_hit_of_three_quarters_of_the_prompt():
-    """Why the default copies each chatbot tenant's system prompt once (docs/benchmarks/routing-against-peers.md): a
-    tenant's second request arrives while r0, the only replica that took in its tokens, still computes the first. r0
-    holds three quarters of the prompt, but its intake puts it at the churn clamp (2 per uncached token) and an idle
-    replica at the floor (1/2): a spread of 4 that a hit saving 3/4 of the prompt cannot outweigh, so the request and
-    a copy of the prompt go to an idle replica. Without the turnover term it stays."""
+    """On caches that evict (``loads``' default): a tenant's second request arrives while r0, the only replica that
+    took in its tokens, still computes the first. r0 holds three quarters of the prompt, but its intake puts it at the
+    churn clamp (2 per uncached token) and an idle replica at the floor (1/2): a spread of 4 that a hit saving 3/4 of
+    the prompt cannot outweigh, so the request and a copy of the prompt go to an idle replica. Without the turnover
+    term it stays. On an idle fleet whose caches fill, none is priced (tests/router/test_first_copy.py)."""
     fleet = loads(4, r0={"pending_prefill_tokens": 1024, "in_flight": 1, "recent_prefill": 1024.0})
     policy = get_policy("cache_aware_tokens", block_size=BS)  # the defaults: churn_weight 1, churn_clamp 2
     idle = 1024 / 2

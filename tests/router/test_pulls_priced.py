@@ -27,8 +27,9 @@ SHARE = (60 * (1 << 20) / 1e10 + 0.001) / 0.096
 
 
 def _pulling(**fields) -> ReplicaLoad:
+    """A replica that can pull, its cache full (evicting: queued prefill at ``backlog_weight``)."""
     return ReplicaLoad(prefill_tokens_per_s=10_000.0, kv_transfer_enabled=True, kv_block_bytes=1 << 20,
-                       pull_bytes_per_s=1e10, pull_fixed_s=0.001, **fields)
+                       pull_bytes_per_s=1e10, pull_fixed_s=0.001, **{"evicting": 1.0, **fields})
 
 
 def _default(pulls: PullPriors | None = PullPriors(True), **knobs):

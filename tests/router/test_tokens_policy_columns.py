@@ -1,7 +1,7 @@
 """``cache_aware_tokens`` (the default) prices its candidates in one numpy pass over the load columns when the
 router hands it ``CandidateLoads``: its choices equal the one-by-one loop's over a plain dict, on randomized fleets
-(queued and pending prefill, other router workers' in-flight requests, churn, backlogs past the release point,
-identical replicas that tie, idle replicas), and its costs are ``costs()``'s."""
+(queued and pending prefill, other router workers' in-flight requests, churn, caches filling, full or between,
+backlogs past the release point, identical replicas that tie, idle replicas), and its costs are ``costs()``'s."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def columns_at_any_size(monkeypatch):
 
 def _config(rng: random.Random) -> CacheAwareTokensConfig:
     return CacheAwareTokensConfig(churn_weight=rng.choice((0.0, 1.0, 0.3)), churn_clamp=rng.choice((1.0, 2.0, 4.0)),
+                                  filling_backlog_weight=rng.choice((1.0, 0.15, 0.5)),
                                   backlog_release_tokens=rng.choice((math.inf, 100.0, 0.0)),
                                   decode_step_tokens=rng.choice((8192, 48, 7.5)))
 
@@ -38,12 +39,20 @@ def _idle(router, rng: random.Random) -> None:
         load.recent_prefill = 0.0
 
 
+def _evicting(router, rng: random.Random) -> None:
+    """Each replica's cache filling (0), full (1) or between; all filling in some fleets."""
+    filling = rng.random() < 0.25
+    for load in router.loads.loads.values():
+        load.evicting = 0.0 if filling else rng.choice((0.0, 1.0, rng.random()))
+
+
 def test_the_columns_choose_what_the_loop_chooses_on_random_fleets():
     compared = 0
     for seed in range(300):
         rng = random.Random(seed)
         router, ids = random_router(rng)
         _idle(router, rng)
+        _evicting(router, rng)
         config = _config(rng)
         fast, full = CacheAwareTokensPolicy(config, BS, seed), CacheAwareTokensPolicy(config, BS, seed)
         for _ in range(6):
@@ -68,6 +77,7 @@ def test_the_chosen_replica_is_the_cheapest_by_costs():
     for seed in range(100):
         rng = random.Random(seed)
         router, ids = random_router(rng)
+        _evicting(router, rng)
         policy = CacheAwareTokensPolicy(_config(rng), BS, seed)
         prompt = rng.choice((5, 64, 600))
         device = {rid: rng.randint(0, prompt // BS) for rid in rng.sample(ids, rng.randint(0, len(ids)))}

@@ -94,6 +94,8 @@ class LoadColumns:
         """The TTFT correction's offset and scale, the arrival rate."""
         self.recent_prefill = np.zeros(n, f8)
         """Prompt tokens this router sent to be computed there, decayed (``cache_aware_tokens``' churn)."""
+        self.evicting = np.zeros(n, f8)
+        """Share of its stores that evict (``ReplicaLoad.evicting``: how far its churn counts)."""
         self.kv_transfer, self.has_lora = np.zeros(n, bool), np.zeros(n, bool)
         self.everyone = np.ones(n, bool)
         """Every row (the mask of ``fleet`` over all replicas)."""
@@ -135,6 +137,7 @@ class LoadColumns:
         self.hit_worth[row] = hit / (1 - hit)
         self.arrival[row] = load.arrival_rate
         self.recent_prefill[row] = load.recent_prefill
+        self.evicting[row] = load.evicting
         self.offset[row], self.scale[row] = load.ttft_offset_s, load.ttft_correction
         self.bytes_per_token[row] = load.kv_bytes_per_token or 0
         self.kv_transfer[row], self.has_lora[row] = load.kv_transfer_enabled, lora is not None

@@ -5,13 +5,19 @@ in seconds without weights (policies/cache_aware.py); on the Mooncake trace it k
 For each candidate replica ``r``, in prefill-token units::
 
     cost(r) = uncached(r) * turnover(r)            prompt tokens it would still compute (prompt - cached prefix)
-            + backlog_weight * prefill_backlog(r)  prompt tokens queued before ours
+            + backlog_w * prefill_backlog(r)       prompt tokens queued before ours
             + decode_weight * steps(r) * decode_load(r)   running requests slowing every step
 
     steps(r) = max(1, (prefill_backlog(r) + uncached(r)) / decode_step_tokens)   steps until our first token
 
-    turnover(r) = 1 + churn_weight * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
-                                                  clamped to [1 / churn_clamp, churn_clamp]
+    turnover(r) = 1 + churn_weight * g(r) * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
+                                                         clamped to [1 / churn_clamp, churn_clamp]
+    g(r)        = 1, or with turnover_while_filling off: max(evicting(r), busy)
+    backlog_w   = backlog_weight + (filling_backlog_weight - backlog_weight) * (1 - mean evicting)
+
+``evicting(r)``: the share of the blocks ``r`` stored lately that evicted one, from its KV events
+(``ReplicaLoad.evicting``, router/routing/evicting.py): 0 while its cache fills, about 1 once full. ``busy``: the
+share of candidates with requests queued or running (``busy_turnover``; 0 when off).
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
 replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
@@ -21,7 +27,10 @@ request gets back (and a burst sharing a new prefix stays on the replica that is
 from the tail of its LRU, and a replica that takes in new tokens faster than the others has a
 younger, likelier-reused tail. Steering new work towards slow-turnover replicas makes the
 partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
-evicted from every replica). ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
+evicted from every replica). A replica not evicting evicts nothing by storing a token; its intake is
+priced only as far as the fleet is busy, where spreading it evens the queues: on an idle fleet a
+conversation's next turn stays on its holder. ``filling_backlog_weight`` (an option, off) weighs the
+queue apart while the fleet fills, when a copy of a prefix costs no later hit. ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
 what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
 token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
 backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
@@ -71,6 +80,7 @@ from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
 _RECENT_PREFILL = attrgetter("recent_prefill")
+_EVICTING = attrgetter("evicting")
 COLUMNS_FROM_CANDIDATES = 64
 """Candidates from which ``choose`` prices them in one numpy pass (below, numpy's fixed cost per call outweighs the
 loop's: 0.12 against 0.10 ms per decision at 16 replicas, 0.14 against 0.15 at 128, ``kvmesh bench
@@ -101,9 +111,9 @@ class CacheAwareTokensPolicy(Policy):
         """Cost of every candidate replica (for metrics and tests; ``pullable``: ``TierMatches.pullable``)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, get = self.block_size, self.config.decode_weight, matches.get
-        churn = self._churn_factor(loads)
+        churn, wb, busy = self._churn_factor(loads), self._backlog_weight(loads), self._busy(loads)
         if self._prices_stored(loads):
-            return self._stored_costs(prompt, matches, loads, churn, pullable)
+            return self._stored_costs(prompt, matches, loads, churn, wb, busy, pullable)
         out = {}
         for rid, load in loads.items():
             uncached: float = prompt - bs * get(rid, 0)
@@ -111,8 +121,8 @@ class CacheAwareTokensPolicy(Policy):
             backlog = load.prefill_backlog
             steps = self._steps(backlog + uncached)
             if churn:
-                uncached *= self._turnover(churn * load.recent_prefill)
-            out[rid] = uncached + self._backlog_cost(backlog) + w * steps * load.decode_load
+                uncached *= self._turnover(churn * load.recent_prefill, max(load.evicting, busy))
+            out[rid] = uncached + self._backlog_cost(backlog, wb) + w * steps * load.decode_load
         return out
 
     def _plans_pulls(self) -> bool:
@@ -130,7 +140,7 @@ class CacheAwareTokensPolicy(Policy):
             return True
         return bool(self._ghost_weight(False) and any(load.comeback for load in loads.values()))
 
-    def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float,
+    def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float, wb: float, busy: float,
                       pullable: Matches | None = None) -> dict[ReplicaId, float]:
         """``costs`` with the new tokens priced by cost/stored_tokens.py: pulled ones at the pull's share, plus the
         eviction damage of storing them, and the computed ones once more per pull landing on the candidate."""
@@ -142,8 +152,9 @@ class CacheAwareTokensPolicy(Policy):
         for rid, load in loads.items():
             s, backlog = stored[rid], load.prefill_backlog
             steps = self._steps(backlog + s.computed)
-            price = s.price * self._turnover(churn * load.recent_prefill) if churn and s.price else s.price
-            out[rid] = price + s.damage + self._backlog_cost(backlog) + c.decode_weight * steps * load.decode_load
+            price = s.price * self._turnover(churn * load.recent_prefill, max(load.evicting, busy)) if churn and s.price \
+                else s.price
+            out[rid] = price + s.damage + self._backlog_cost(backlog, wb) + c.decode_weight * steps * load.decode_load
             if load.landing_pulls:  # computed ahead of each pull landing there: it waits through them
                 out[rid] += load.landing_pulls * s.computed
         return out
@@ -153,9 +164,19 @@ class CacheAwareTokensPolicy(Policy):
         steps = prefill_tokens / self.config.decode_step_tokens
         return steps if steps > 1 else 1.0
 
-    def _backlog_cost(self, backlog: float) -> float:
-        wb, release = self.config.backlog_weight, self.config.backlog_release_tokens
+    def _backlog_cost(self, backlog: float, wb: float) -> float:
+        """Queued prefill at weight ``wb`` (``_backlog_weight``), in full past ``backlog_release_tokens``."""
+        release = self.config.backlog_release_tokens
         return wb * backlog + ((1 - wb) * (backlog - release) if backlog > release else 0.0)
+
+    def _backlog_weight(self, loads: Loads) -> float:
+        """``backlog_weight`` on an evicting fleet, ``filling_backlog_weight`` on a filling one, in between by the
+        candidates' mean ``evicting``."""
+        c = self.config
+        fill, wb = c.filling_backlog_weight, c.backlog_weight
+        if fill is None or fill == wb:
+            return wb
+        return wb + (fill - wb) * (1 - sum(map(_EVICTING, loads.values())) / len(loads))
 
     @staticmethod
     def _prices_adapter(lora_name: str | None, loads: Loads) -> bool:
@@ -164,6 +185,15 @@ class CacheAwareTokensPolicy(Policy):
             return False
         return any(load.lora is not None and lora_name in load.lora.adapters for load in loads.values())
 
+    def _busy(self, loads: Loads) -> float:
+        """With ``busy_turnover``, the share of candidates with requests queued or running (0: off; 1 with
+        ``turnover_while_filling``, so every replica's turnover counts whole)."""
+        if self.config.turnover_while_filling:
+            return 1.0
+        if not self.config.busy_turnover:
+            return 0.0
+        return sum(1 for load in loads.values() if load.prefill_backlog or load.decode_load) / len(loads)
+
     def _churn_factor(self, loads: Loads) -> float:
         """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
         if not self.config.churn_weight:
@@ -171,10 +201,11 @@ class CacheAwareTokensPolicy(Policy):
         total = sum(map(_RECENT_PREFILL, loads.values()))
         return len(loads) / total if total > 0 else 0.0
 
-    def _turnover(self, ratio: float) -> float:
+    def _turnover(self, ratio: float, evicting: float) -> float:
+        """What one uncached token costs on a replica at ``ratio`` of the mean intake, ``evicting`` as it is."""
         clamp = self.config.churn_clamp
         ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
-        return 1 + self.config.churn_weight * (ratio - 1)
+        return 1 + self.config.churn_weight * evicting * (ratio - 1)
 
     def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], matches: Matches,
                       loads: Loads, num_prompt_tokens: int | None = None) -> bool:
@@ -225,8 +256,8 @@ class CacheAwareTokensPolicy(Policy):
         if type(loads) is CandidateLoads and len(loads) >= COLUMNS_FROM_CANDIDATES:  # no ABC isinstance per request
             return self._choose_from_columns(prompt, matches, loads)
         # One pass, fields read directly (this runs once per request over every candidate).
-        bs, w, wb, get = self.block_size, c.decode_weight, c.backlog_weight, matches.get
-        churn, release = self._churn_factor(loads), c.backlog_release_tokens
+        bs, w, wb, get = self.block_size, c.decode_weight, self._backlog_weight(loads), matches.get
+        churn, release, busy = self._churn_factor(loads), c.backlog_release_tokens, self._busy(loads)
         cw, hi = c.churn_weight, c.churn_clamp
         lo, step = 1 / hi, c.decode_step_tokens
         best_cost, ties = math.inf, []
@@ -237,9 +268,10 @@ class CacheAwareTokensPolicy(Policy):
                 cost = 0
             backlog = load.prefill_backlog
             steps = (backlog + cost) / step
-            if cost and churn:  # turnover(), inlined: this loop runs over every candidate per request
+            ev = load.evicting if load.evicting > busy else busy
+            if cost and churn and ev:  # turnover(), inlined: this loop runs per candidate
                 x = churn * load.recent_prefill
-                cost *= 1 + cw * ((hi if x > hi else lo if x < lo else x) - 1)
+                cost *= 1 + cw * ev * ((hi if x > hi else lo if x < lo else x) - 1)
             cost += wb * backlog + w * (steps if steps > 1 else 1) * load.decode_load
             if backlog > release:
                 cost += (1 - wb) * (backlog - release)
@@ -267,12 +299,20 @@ class CacheAwareTokensPolicy(Policy):
         steps = np.maximum((backlog + cost) / c.decode_step_tokens, 1.0)
         recent = cols.recent_prefill[rows]
         total = sum(recent.tolist()) if c.churn_weight else 0.0  # summed as _churn_factor sums, in row order
+        evicting = cols.evicting[rows]
         if total > 0:
+            busy = 1.0 if c.turnover_while_filling else \
+                np.count_nonzero((backlog != 0) | (decode != 0)) / len(rows) if c.busy_turnover else 0.0
+            g = np.maximum(evicting, busy)
             x = np.clip((len(rows) / total) * recent, 1 / c.churn_clamp, c.churn_clamp)
-            cost = np.where(cost != 0, cost * (1 + c.churn_weight * (x - 1)), cost)
-        cost = cost + (c.backlog_weight * backlog + c.decode_weight * steps * decode)
+            cost = np.where((cost != 0) & (g != 0), cost * (1 + c.churn_weight * g * (x - 1)), cost)
+        fill, wb = c.filling_backlog_weight, c.backlog_weight
+        if fill is not None and fill != wb:
+            wb += (fill - wb) * (1 - sum(evicting.tolist()) / len(rows))
+        cost = cost + (wb * backlog + c.decode_weight * steps * decode)
         release = c.backlog_release_tokens
-        cost = np.where(backlog > release, cost + (1 - c.backlog_weight) * (backlog - release), cost)
+        if release < math.inf:
+            cost = np.where(backlog > release, cost + (1 - wb) * (backlog - release), cost)
         ties = np.flatnonzero(cost == cost.min())
         if len(ties) == 1:
             return cols.ids[rows[ties[0]]]

@@ -26,8 +26,25 @@ class CacheAwareTokensConfig(PolicyConfig):
     balance (it overrides the load and turnover terms)."""
     churn_weight: float = 1.0
     """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than the mean
-    (``recent_prefill``) evict younger, likelier-reused blocks; they cost ``1 + churn_weight * (churn / mean churn
-    - 1)`` each instead of 1."""
+    (``recent_prefill``) evict younger, likelier-reused blocks; they cost ``1 + churn_weight * evicting * (churn /
+    mean churn - 1)`` each instead of 1 (``evicting``: the share of its stores that evict, ``ReplicaLoad.evicting``;
+    0 while its cache fills, where a token stored evicts nothing)."""
+    turnover_while_filling: bool = True
+    """Price turnover on every replica, evicting or not (``evicting`` read as 1: the rule every published figure of
+    this policy was measured with). False: as far as the replica evicts or the fleet is busy (``busy_turnover``), so
+    on an idle fleet a conversation's next turn stays on its holder; it holds the Mooncake headline and fails the
+    chatbot cell at 2x on mean TTFT against ``dynamo`` (docs/benchmarks/routing-against-peers.md), so it is not the
+    default until the matrix and every table are re-run with it."""
+    busy_turnover: bool = True
+    """Price turnover on a replica not evicting too, as far as the fleet is busy (the share of candidates with
+    requests queued or running): spreading intake then evens the queues. On an idle fleet it would only copy a
+    prompt away from its holder."""
+    filling_backlog_weight: float | None = None
+    """Weight of the queued prompt tokens while the fleet fills (no candidate evicting), going to ``backlog_weight``
+    as the candidates' mean ``evicting`` goes from 0 to 1. None: ``backlog_weight`` throughout. 1: a copy of a prefix
+    then evicts nothing, so a prompt's next request goes to its holder unless its queue costs more than recomputing
+    the hit elsewhere (on the Mooncake trace at 2x it gave hits away while the fleet filled:
+    docs/benchmarks/routing-against-peers.md)."""
     churn_clamp: float = 2.0
     """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
     backlog_release_tokens: float = math.inf
@@ -49,7 +66,7 @@ class CacheAwareTokensConfig(PolicyConfig):
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
         for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
-                     "backlog_release_tokens", "ghost_weight"):
+                     "filling_backlog_weight", "backlog_release_tokens", "ghost_weight"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
