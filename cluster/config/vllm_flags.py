@@ -222,7 +222,8 @@ VLLM_SERVE_FLAGS: dict[str, Treatment] = {
     "--return-tokens-as-token-ids": Refused("send return_tokens_as_token_ids: true in the request (kvmesh takes it "
                                             "per request)", example=None),
     # chat, tools, reasoning and structured outputs
-    "--chat-template": Same("template.jinja"),
+    "--chat-template": Same("{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                            remark="a template file's path or the template's text; a path naming no file is refused"),
     "--chat-template-content-format": NoEffect(
         "a message's text parts reach the chat template as one string", takes_value=True, values=("auto", "string"),
         otherwise="kvmesh gives the chat template a message's text parts as one string (vLLM's string format)"),

@@ -30,16 +30,16 @@ def advertised_spec(spec: ReplicaSpec, info: dict[str, object] | None) -> Replic
     """``spec`` with the event endpoints its replica advertises (module doc); None: it advertises none usable."""
     if not isinstance(info, dict):
         return None
-    url_host = urlsplit(spec.url).hostname or ""
-    events = reachable(info.get("events_endpoint"), url_host, spec.replica_id)
+    events = reachable(info.get("events_endpoint"), spec)
     if events is None:
         return None
-    return replace(spec, events=events, replay=reachable(info.get("replay_endpoint"), url_host, spec.replica_id))
+    return replace(spec, events=events, replay=reachable(info.get("replay_endpoint"), spec))
 
 
-def reachable(endpoint: object, url_host: str, replica_id: str) -> str | None:
-    """``endpoint`` (``tcp://HOST:PORT``) as this router reaches it: a loopback or wildcard host becomes
-    ``url_host``; None for no endpoint, or one that is not a TCP address (warned)."""
+def reachable(endpoint: object, spec: ReplicaSpec) -> str | None:
+    """``endpoint`` (``tcp://HOST:PORT``) as this router reaches ``spec``'s replica: a loopback or wildcard host
+    becomes the host of its URL; None for no endpoint, or one that is not a TCP address (warned)."""
+    url_host = urlsplit(spec.url).hostname or ""
     if endpoint is None:
         return None
     parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
@@ -49,7 +49,7 @@ def reachable(endpoint: object, url_host: str, replica_id: str) -> str | None:
         port = None
     if parts is None or parts.scheme != "tcp" or not port:
         logger.warning("replica %s advertises the event endpoint %r, which is not tcp://HOST:PORT; ignored",
-                       replica_id, endpoint if isinstance(endpoint, str) else type(endpoint).__name__)
+                       spec.replica_id, endpoint if isinstance(endpoint, str) else type(endpoint).__name__)
         return None
     host = parts.netloc.rsplit(":", 1)[0].strip("[]")
     if host in WILDCARDS or _is_loopback(host):

@@ -52,7 +52,7 @@ def test_nothing_is_said_on_a_gpu_or_when_the_flag_is_not_given(device, argv, mo
 def test_the_replica_command_says_it_on_cpu(monkeypatch, capsys):
     from kvmesh.cluster.commands import replica
 
-    def refuse(config, model_runner=None):
+    def refuse(config, model_runner=None, **kwargs):
         raise OSError("not started by this test")
 
     monkeypatch.setattr(replica, "start", refuse)

@@ -53,7 +53,7 @@ def test_the_router_says_nothing_on_loopback_or_with_a_key(argv, monkeypatch, ca
 def replica_err(argv: list[str], monkeypatch, capsys) -> str:
     from kvmesh.cluster.commands import replica
 
-    def refuse(config, model_runner=None):
+    def refuse(config, model_runner=None, **kwargs):
         raise OSError("not started by this test")
 
     monkeypatch.setattr(replica, "start", refuse)

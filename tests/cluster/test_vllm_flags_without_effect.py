@@ -95,7 +95,7 @@ def test_the_cli_reference_lists_both_tables():
 def test_the_replica_command_prints_the_note_at_start_up(monkeypatch, capsys):
     from kvmesh.cluster.commands import replica
 
-    def refuse(config, model_runner=None):
+    def refuse(config, model_runner=None, **kwargs):
         raise OSError("not started by this test")
 
     monkeypatch.setattr(replica, "start", refuse)
