@@ -159,6 +159,8 @@ def attack(fleet, tmp_path_factory):
         first = fleet.read()
         again = _send_all(fleet, out / "again.jsonl")
         time.sleep(SETTLE_S)
+        watch.stop()
+        watch.readings.append(fleet.read())  # the last reading SETTLE_S after, whenever the watch last read
     finally:
         light.stop()
         watch.stop()
