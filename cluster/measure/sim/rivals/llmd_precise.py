@@ -22,8 +22,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvmesh.cluster.measure.sim.rivals.llmd import (
+    SCRAPE_INTERVAL_S,
+    kv_cache_scores,
+    pick_highest,
+    queue_scores,
+)
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
-from kvmesh.router.routing.policies.llmd import SCRAPE_INTERVAL_S, kv_cache_scores, pick_highest, queue_scores
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 

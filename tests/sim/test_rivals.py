@@ -1,15 +1,22 @@
-"""The peers' routing formulas (``dynamo``, ``llmd``, ``llmd_precise``, ``sglang``) pinned on hand-computed cases."""
+"""The rivals' routing formulas (``dynamo``, ``llmd``, ``llmd_precise``, ``sglang``; cluster/measure/sim/rivals/)
+pinned on hand-computed cases; they run through the real router in the simulator and are no router policy."""
 
 from __future__ import annotations
 
 import pytest
+from kvmesh.cluster.measure.sim.rivals import COMPARED
+from kvmesh.cluster.measure.sim.rivals.llmd import LlmdConfig
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.routing.policies import get_policy
-from kvmesh.router.routing.policies.llmd import LlmdConfig
+from kvmesh.router.routing.policies import get_policy as _get_policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt: 64 blocks
+
+
+def get_policy(name, options=None, block_size=BS, seed=None):
+    """A rival by name (the simulator's registry)."""
+    return _get_policy(name, options, block_size, seed, registry=COMPARED)
 
 
 def loads(n=2, **per_replica):
@@ -121,7 +128,7 @@ def test_sglang_cache_threshold_and_smallest_tree():
 
 
 def test_sglang_tree_evicts_the_least_recently_routed_past_its_size():
-    from kvmesh.router.routing.policies.sglang import SglangConfig
+    from kvmesh.cluster.measure.sim.rivals.sglang import SglangConfig
 
     policy = get_policy("sglang", SglangConfig(max_tree_size_tokens=80 * BS), block_size=BS, seed=0)
     policy.tree.insert(KEYS, "r0")
@@ -132,15 +139,31 @@ def test_sglang_tree_evicts_the_least_recently_routed_past_its_size():
 
 
 @pytest.mark.parametrize("name", ["dynamo", "llmd", "llmd_precise", "sglang"])
-def test_a_peer_policy_is_selectable_in_the_router(name):
-    from kvmesh.router.config import RouterConfig
+def test_a_rival_runs_through_the_real_router(name):
     from kvmesh.router.routing.kv_router import KVRouter
 
-    config = RouterConfig(policy=name)
-    r = KVRouter(block_size=BS, policy=get_policy(name, config.policy_config(), block_size=BS, seed=0), predict_ttl_s=0)
+    r = KVRouter(block_size=BS, policy=get_policy(name, block_size=BS, seed=0), predict_ttl_s=0)
     for rid in ("r0", "r1", "r2"):
         r.add_replica(rid)
     tokens = [3 + i % 250 for i in range(8 * BS)] + [1]
     first = r.route(tokens, now=0.0)
     assert first.replica_id in {"r0", "r1", "r2"}
     assert r.route(tokens, now=1.0).replica_id in {"r0", "r1", "r2"}
+
+
+@pytest.mark.parametrize("name", ["dynamo", "llmd", "llmd_precise", "sglang"])
+def test_naming_a_rival_as_the_router_policy_says_it_runs_in_the_simulator(name):
+    from kvmesh.router.config import RouterConfig
+
+    with pytest.raises(ValueError, match=f"policy {name!r} is another system's routing formula.*kvmesh sim"):
+        RouterConfig(policy=name)
+    with pytest.raises(ValueError, match="not a router policy"):
+        _get_policy(name, block_size=BS)
+
+
+def test_the_routers_list_of_rival_names_is_the_simulators_registry():
+    from kvmesh.cluster.measure.sim.rivals import RIVALS
+    from kvmesh.router.routing.policies import POLICIES, RIVAL_NAMES
+
+    assert set(RIVALS) == RIVAL_NAMES
+    assert not RIVAL_NAMES & set(POLICIES)
