@@ -51,7 +51,7 @@ ID_EDGES = {
     "router/replicas/replica_set.py:ReplicaSet.__contains__": "the set's index by id",
     "router/routing/kv_router.py:KVRouter.add_replica": "registers a replica by id (the plane, the simulator)",
     "router/routing/kv_router.py:KVRouter.remove_replica": "forgets a replica by id (admin, the fleet)",
-    "router/routing/kv_router.py:KVRouter.apply_events": "event intake: a batch names its publisher by id",
+    "router/routing/event_intake.py:EventIntake.apply_events": "event intake: a batch names its publisher by id",
     # admin HTTP and the feeds: an id comes in over the wire
     "router/control/runtime.py:Fleet.request_remove": "the fleet's own call: a replica process by its name",
     "router/control/runtime.py:RouterRuntime.remove_replica": "DELETE /replicas/{id} and the owner's rows (follow.py)",

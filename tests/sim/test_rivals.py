@@ -33,9 +33,9 @@ def test_dynamo_cost_is_prefill_blocks_left_plus_active_blocks():
     policy = get_policy("dynamo", block_size=BS, seed=0)
     costs = policy.costs(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39}))
     assert costs == {"r0": 64 + 64, "r1": (39 + 64 - 40) + 64}
-    assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39})) == "r1"
+    assert policy.choose_worker(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39})) == "r1"
     fresh = get_policy("dynamo", block_size=BS, seed=0)
-    assert fresh.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 41})) == "r0"
+    assert fresh.choose_worker(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 41})) == "r0"
 
 
 def test_dynamo_host_blocks_save_three_quarters_of_a_block():
@@ -46,7 +46,7 @@ def test_dynamo_host_blocks_save_three_quarters_of_a_block():
 
 def test_dynamo_counts_active_blocks_until_the_request_finishes():
     policy = get_policy("dynamo", block_size=BS, seed=0)
-    assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2)) == "r1"
+    assert policy.choose_worker(KEYS, TierMatches({"r1": 40}), loads(2)) == "r1"
     other = list(range(100, 164))
     busy = loads(2, r1={"in_flight": 1})
     assert policy.costs(other, TierMatches(), busy) == {"r0": 128, "r1": 64 + 128}
@@ -57,7 +57,7 @@ def test_dynamo_counts_active_blocks_until_the_request_finishes():
 
 def test_dynamo_breaks_ties_at_random():
     policy = get_policy("dynamo", block_size=BS, seed=1)
-    chosen = {policy.choose([k], TierMatches(), loads(4)) for k in range(200, 240)}
+    chosen = {policy.choose_worker([k], TierMatches(), loads(4)) for k in range(200, 240)}
     assert len(chosen) > 1
 
 
@@ -70,14 +70,14 @@ def test_llmd_default_profile_weights():
                     r2={"num_waiting": 2, "kv_usage": 0.1})
     assert policy.scores(KEYS, scraped) == pytest.approx(
         {"r0": 3 * 0 + 2 * 1.0 + 2 * 0.6, "r1": 3 * 0.5 + 2 * 0.0 + 2 * 0.75, "r2": 3 * 0 + 2 * 0.5 + 2 * 0.9})
-    assert policy.choose(KEYS, TierMatches(), scraped) == "r0"
+    assert policy.choose_worker(KEYS, TierMatches(), scraped) == "r0"
 
 
 def test_llmd_prefix_is_its_own_routing_history_not_the_index():
     policy = get_policy("llmd", block_size=BS, seed=0)
-    first = policy.choose(KEYS, TierMatches({"r1": 64}), loads(2))
+    first = policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2))
     assert policy.scores(KEYS, loads(2))[first] == 3 + 2 + 2
-    assert policy.choose(KEYS, TierMatches({"r1": 64}), loads(2)) == first
+    assert policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2)) == first
 
 
 def test_llmd_history_is_a_bounded_lru_over_leading_blocks():
@@ -94,14 +94,14 @@ def test_llmd_precise_normalises_across_matching_servers():
     tiers = TierMatches({"r0": 10, "r1": 20}, {"r2": 30})  # r2: 30 host blocks = 24 weighted
     scores = policy.scores(tiers, loads(4))
     assert scores == pytest.approx({"r0": 2 * 0.0 + 2, "r1": 2 * 10 / 14 + 2, "r2": 2 * 1.0 + 2, "r3": 2 * 0.0 + 2})
-    assert policy.choose(KEYS, tiers, loads(4)) == "r2"
+    assert policy.choose_worker(KEYS, tiers, loads(4)) == "r2"
 
 
 def test_llmd_precise_one_matching_server_scores_one():
     policy = get_policy("llmd_precise", block_size=BS, seed=0)
     scraped = loads(2, r0={"num_waiting": 3, "kv_usage": 0.9})
     assert policy.scores(TierMatches({"r0": 1}), scraped) == pytest.approx({"r0": 2 + 0 + 0.1, "r1": 0 + 1 + 1})
-    assert policy.choose(KEYS, TierMatches({"r0": 1}), scraped) == "r0"  # one block outweighs its queue and KV
+    assert policy.choose_worker(KEYS, TierMatches({"r0": 1}), scraped) == "r0"  # one block outweighs its queue and KV
     fuller = loads(2, r0={"num_waiting": 3, "kv_usage": 1.0})
     assert policy.scores(TierMatches({"r0": 1}), fuller) == pytest.approx({"r0": 2.0, "r1": 2.0})
 
@@ -114,7 +114,7 @@ def test_sglang_imbalance_needs_both_thresholds():
     assert not policy.imbalanced(loads(2, r0={"in_flight": 100}, r1={"in_flight": 40}))  # 60 <= 64
     assert not policy.imbalanced(loads(2, r0={"in_flight": 200}, r1={"in_flight": 135}))  # 200 <= 202.5
     policy.tree.insert(KEYS, "r0")
-    assert policy.choose(KEYS, TierMatches(), loads(2, r0={"in_flight": 100}, r1={"in_flight": 30})) == "r1"
+    assert policy.choose_worker(KEYS, TierMatches(), loads(2, r0={"in_flight": 100}, r1={"in_flight": 30})) == "r1"
 
 
 def test_sglang_cache_threshold_and_smallest_tree():
@@ -122,8 +122,8 @@ def test_sglang_cache_threshold_and_smallest_tree():
     policy.tree.insert(KEYS, "r0")
     above = KEYS[:20] + list(range(1000, 1044))  # 20 / 64 = 0.3125 > 0.3
     below = KEYS[:19] + list(range(2000, 2045))  # 19 / 64 = 0.297
-    assert policy.choose(above, TierMatches({"r1": 64}), loads(2)) == "r0"
-    assert policy.choose(below, TierMatches(), loads(2)) == "r1"  # r1's tree is empty: the smallest
+    assert policy.choose_worker(above, TierMatches({"r1": 64}), loads(2)) == "r0"
+    assert policy.choose_worker(below, TierMatches(), loads(2)) == "r1"  # r1's tree is empty: the smallest
     assert (policy.tree.size("r0"), policy.tree.size("r1")) == (64 + 44, 64)
 
 

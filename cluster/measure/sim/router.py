@@ -33,6 +33,7 @@ from kvmesh.cluster.measure.sim.measured import sim_load_rates
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.kvcache.reuse import reusable_tokens
+from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.kv_placement import SPLIT_NO_ROOM, SPLIT_SLOWER, tokens_left_after_split
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
@@ -152,11 +153,12 @@ class SimRouter:
 
     def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> str | None:
         """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""
-        loads = {r: router.loads.loads[r] for r in self.prefill_ids}
+        candidates = Candidates.of(router.replicas.prefill())
+        loads = candidates.loads
         matches = router.index.match(keys, now=req.arrival_s)
         device = {r: m for r, m in matches.items() if r in loads}  # the prefill replicas' pools (no host tier)
-        chosen = router.policy.choose(keys, TierMatches(device), loads, req.num_prompt_tokens)
-        return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen)
+        chosen = router.policy.choose(keys, TierMatches(device), candidates, req.num_prompt_tokens)
+        return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen.id)
 
     def _split(self, req: SimRequest, k: int, keys: list[int], pid: str) -> None:
         """Send ``req``'s prompt to prefill replica ``pid`` first (a leg the loop runs there)."""
