@@ -137,6 +137,8 @@ class KVRouter(EventIntake, PullPlanning):
             pinned = self._pinned(session_id, now, candidates)
             choice = policy.decide(keys, tiers, candidates, num_tokens, lora_name, pinned)
             replica, estimate = choice.replica, choice.estimate
+            if replica not in candidates:  # a policy answers with one of the records it was given
+                raise TypeError(f"policy {policy.name!r} chose {replica!r}, not one of its candidates")
             pull = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now, commit)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None

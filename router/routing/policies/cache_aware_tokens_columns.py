@@ -13,9 +13,10 @@ from kvmesh.router.routing.tier_matches import Matches
 
 
 def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, matches: Matches,
-                  loads: CandidateLoads) -> np.ndarray:
-    """The positions among the candidates (``loads.rows``) of the cheapest, in order."""
-    cols, rows = loads.columns, loads.rows
+                  rows_of: CandidateLoads) -> np.ndarray:
+    """The positions among the candidates (``rows_of.rows``: their rows of the load columns) of the cheapest, in
+    order."""
+    cols, rows = rows_of.columns, rows_of.rows
     cached = np.zeros(len(cols.ids), dtype=np.int64)
     row_of = cols.row
     for rid, blocks in matches.items():
