@@ -32,7 +32,7 @@ from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import KVPlacementRules, pull_priors
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.peer_pulls import PeerPulls, PlannedPull
-from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.policies import Choice, NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.pull_planning import PullPlanning
 from kvmesh.router.routing.pulls_landing import PullsLanding
 from kvmesh.router.routing.receipts import Receipts, route_receipt
@@ -128,17 +128,14 @@ class KVRouter(EventIntake, PullPlanning):
         t1 = _ns()
         if now is None and session_id is not None:
             now = time.monotonic()
-        num_tokens, excluded, policy = len(token_ids), set(exclude), self.policy
+        num_tokens, excluded = len(token_ids), set(exclude)
         with self.lock:
             matched = self.index.match_tiers(keys, now=now, pullable=self.pullable)
             version, t2 = self.index.predictions.version, _ns()  # the version the match was taken at
             candidates = self._routable(excluded, pool, now)
             tiers = matched.without(self._untrusted(matched))
-            pinned = self._pinned(session_id, now, candidates)
-            choice = policy.decide(keys, tiers, candidates, num_tokens, lora_name, pinned)
+            choice = self._decide(keys, tiers, candidates, num_tokens, lora_name, session_id, now)
             replica, estimate = choice.replica, choice.estimate
-            if replica not in candidates:  # a policy answers with one of the records it was given
-                raise TypeError(f"policy {policy.name!r} chose {replica!r}, not one of its candidates")
             pull = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now, commit)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
@@ -159,6 +156,16 @@ class KVRouter(EventIntake, PullPlanning):
         if commit:
             self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0))
         return self._plan_pull(replica, keys, tiers, num_tokens, excluded, pool, now, commit)
+
+    def _decide(self, keys: list[int], tiers: TierMatches, candidates: Candidates, num_tokens: int,
+                lora_name: str | None, session_id: str | None, now: float | None) -> Choice:
+        """The policy's choice among ``candidates``, the session's pin offered (under the lock); a policy answers with
+        one of the records it was given."""
+        choice = self.policy.decide(keys, tiers, candidates, num_tokens, lora_name,
+                                    self._pinned(session_id, now, candidates))
+        if choice.replica not in candidates:
+            raise TypeError(f"policy {self.policy.name!r} chose {choice.replica!r}, not one of its candidates")
+        return choice
 
     def _routable(self, excluded: set, pool: frozenset | None, now: float | None) -> Candidates:
         """``candidates`` with the other router processes' counts and the pulls landing at ``now`` taken in
