@@ -50,7 +50,8 @@ class EventIntake:
         return {r.id: r.degraded_reason for r in self.replicas.records() if r.degraded}
 
     def set_healthy(self, replica: Replica, healthy: bool, clear_cache: bool = False) -> None:
-        """Mark a replica (un)healthy, a draining one never; ``clear_cache`` drops its tree (it died and lost its cache)."""
+        """Mark a replica (un)healthy, a draining one never; ``clear_cache`` drops its tree (it died and lost its
+        cache)."""
         with self.lock:
             if replica.removed:
                 return

@@ -82,8 +82,8 @@ def test_turnover_counts_as_far_as_the_replica_is_evicting():
     """Half evicting: 1 + 1 x 0.5 x (2 - 1) = 1.5 per uncached token at the clamp, 1 + 0.5 x (1/2 - 1) = 0.75 at the
     floor (the backlog weight also sits halfway, but nothing is queued)."""
     loads = {"busy": ReplicaLoad(recent_prefill=1024.0, evicting=0.5), "idle": ReplicaLoad(evicting=0.5)}
-    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {},
-                                                                        candidates(loads)) == {"busy": 1536.0, "idle": 768.0}
+    gated = get_policy("cache_aware_tokens", GATED, block_size=BS)
+    assert gated.costs(KEYS, {}, candidates(loads)) == {"busy": 1536.0, "idle": 768.0}
 
 
 FILLING = CacheAwareTokensConfig(filling_backlog_weight=1.0, turnover_while_filling=False)
@@ -116,9 +116,8 @@ def test_a_busy_fleet_prices_the_intake_of_a_replica_not_evicting_as_far_as_it_i
     """No cache evicts; one of the two replicas runs a request (busy = 1/2): 1 + 0.5 x (2 - 1) = 1.5 per uncached
     token at the clamp, 0.75 at the floor; 8 for the running request's step. ``busy_turnover`` off: 1 and 1."""
     loads = {"busy": ReplicaLoad(recent_prefill=1024.0, in_flight=1), "idle": ReplicaLoad()}
-    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {},
-                                                                        candidates(loads)) == {"busy": 1536.0 + 8,
-                                                                                      "idle": 768.0}
+    gated = get_policy("cache_aware_tokens", GATED, block_size=BS)
+    assert gated.costs(KEYS, {}, candidates(loads)) == {"busy": 1536.0 + 8, "idle": 768.0}
     off = get_policy("cache_aware_tokens", CacheAwareTokensConfig(busy_turnover=False, turnover_while_filling=False),
                      block_size=BS)
     assert off.costs(KEYS, {}, candidates(loads)) == {"busy": 1024.0 + 8, "idle": 1024.0}

@@ -100,6 +100,6 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "RIVAL_NAMES", "Registry", "Choice", "NoReplicaError", "Policy", "PolicyConfig",
-           "PolicyOptions", "get_policy", "policy_class", "policy_config", "policy_options",
+__all__ = ["DEFAULT_POLICY", "POLICIES", "RIVAL_NAMES", "Choice", "NoReplicaError", "Policy", "PolicyConfig",
+           "PolicyOptions", "Registry", "get_policy", "policy_class", "policy_config", "policy_options",
            "with_step_budget"]
