@@ -123,8 +123,9 @@ class RouterConfig:
     """Context length for validating requests; None = the model's."""
     policy: str = DEFAULT_POLICY
     """Routing policy: cache_aware_tokens (prefix hits against load in prompt tokens, weights tuned in the simulator),
-    cache_aware (the same choice priced in seconds), round_robin, least_loaded, random, prefix_hash, or the formulas
-    of other routers: dynamo, llmd, llmd_precise, sglang (router/routing/policies)."""
+    cache_aware (the same choice priced in seconds), round_robin, least_loaded, random, prefix_hash
+    (router/routing/policies). The other routers' formulas (dynamo, llmd, llmd_precise, sglang) are compared in
+    ``kvmesh sim --policies`` only."""
     policy_kwargs: PolicyOptions = field(default_factory=dict)
     """Options of the policy, e.g. temperature=0.05 (seconds) for cache_aware."""
     block_size: int = 16

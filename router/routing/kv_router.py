@@ -1,10 +1,16 @@
 """The routing decision: request tokens -> router keys -> prefix match -> policy -> replica.
 
-``KVRouter`` is what the HTTP front (router/control/router_server.py), the benchmarks and tests drive. It holds
-the index, the key hasher, the per-replica loads, the health set and the policy; it does no I/O.
+``KVRouter`` is what the HTTP front (router/control/router_server.py), the simulator, the benchmarks and tests
+drive. It holds the replica set, the index, the key hasher, the loads and the policy; it does no I/O. One concept
+per part:
+
+    kv_router.py        the decision: the candidates (routable.py) and their matches to the policy, the choice
+                        credited to its replica, its receipt (``route``, ``commit``, ``observe_ttft``)
+    pull_planning.py    where its KV moves: the peer pull planned with it, the prefill/decode split
+    event_intake.py     what the replicas report: KV events, health, degraded causes
+
 Event batches may arrive on another thread (the subscriber's), so index updates and decisions
-take one lock; each holds it for microseconds.
-"""
+take one lock; each holds it for microseconds."""
 
 from __future__ import annotations
 
@@ -13,20 +19,21 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kvmesh.events.schema import EventBatch
-from kvmesh.router.replicas.replica import DEGRADED_CAUSES, JOINING, READY, DegradedCause, Replica, ReplicaId
+from kvmesh.router.replicas.replica import JOINING, READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.roles import BOTH, check_role
+from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.cost import observe_ttft
-from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
-from kvmesh.router.routing.evicting import apply_evictions
+from kvmesh.router.routing.cost.load_columns import LoadColumns
+from kvmesh.router.routing.event_intake import EventIntake
 from kvmesh.router.routing.eviction_ghosts import EvictionGhosts
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
-from kvmesh.router.routing.kv_placement import KVPlacementRules, SplitChoice, choose_split, pull_priors
+from kvmesh.router.routing.kv_placement import KVPlacementRules, pull_priors
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.peer_pulls import PeerPulls, PlannedPull
-from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.policies import Choice, NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.pull_planning import PullPlanning
 from kvmesh.router.routing.pulls_landing import PullsLanding
 from kvmesh.router.routing.receipts import Receipts, route_receipt
 from kvmesh.router.routing.routable import RoutableLoads
@@ -37,7 +44,7 @@ from kvmesh.router.routing.tier_matches import TierMatches
 _ns = time.perf_counter_ns
 
 
-class KVRouter:
+class KVRouter(EventIntake, PullPlanning):
     """Index + loads + health + policy: decides where each request goes."""
 
     def __init__(self, block_size: int = 16, policy: Policy | None = None, seed: int = DEFAULT_ROUTER_SEED,
@@ -84,27 +91,9 @@ class KVRouter:
         self.replicas.on_added(lambda replica: self.index.add_replica(replica.id), locked=True)
         self.replicas.on_removed(self._removed, locked=True)
 
-    def _removed(self, replica: Replica) -> None:
-        self.untrusted.discard(replica)
-        self.index.remove_replica(replica.id)
-        self.sessions.forget_replica(replica)
-        if self.ghosts is not None:
-            self.ghosts.forget(replica.load)
-
     @property
     def block_size(self) -> int:
         return self.hasher.block_size
-
-    @property
-    def healthy(self) -> frozenset[ReplicaId]:
-        """Replicas that may receive requests (read from the records)."""
-        return self.replicas.healthy_ids()
-
-    @property
-    def degraded(self) -> dict[ReplicaId, str]:
-        """Replica id -> why its cache information is not trusted (its causes' reasons joined); such replicas are
-        routed by load only (read from the records)."""
-        return {r.id: r.degraded_reason for r in self.replicas.records() if r.degraded}
 
     # ---------------------------------------------------------------- replica set
     def add_replica(self, replica_id: ReplicaId, healthy: bool = True, role: str = BOTH, spec: Any = None) -> Replica:
@@ -116,53 +105,6 @@ class KVRouter:
     def remove_replica(self, replica_id: ReplicaId) -> Replica | None:
         """Forget a replica: its record goes, and the set's listeners drop what they keep of it."""
         return self.replicas.remove(replica_id)
-
-    def set_healthy(self, replica: Replica, healthy: bool, clear_cache: bool = False) -> None:
-        """Mark a replica (un)healthy, a draining one never; ``clear_cache`` drops its tree (it died and lost its cache)."""
-        with self.lock:
-            if replica.removed:
-                return
-            replica.healthy = healthy and not replica.draining  # a probe from before its drain may end after it
-            if healthy and replica.state == JOINING:
-                replica.state = READY
-            self.replicas.changed()
-            if clear_cache:
-                self.index.clear_replica(replica.id)
-                self.sessions.forget_replica(replica)
-
-    def clear_cache(self, replica: Replica) -> None:
-        """Forget which blocks a replica holds (its tree, real and predicted); it keeps its sessions."""
-        with self.lock:
-            if not replica.removed:
-                self.index.clear_replica(replica.id)
-
-    def set_degraded(self, replica: Replica, reason: str | None,
-                     cause: DegradedCause = DegradedCause.INCOMPATIBLE) -> None:
-        """Mark a replica degraded for ``cause`` (``reason``: why its cache information is not trusted,
-        e.g. a block size mismatch, a stalled event stream) or clear that cause (None). The replica is
-        degraded while any cause holds: it still receives requests, chosen by load only (its index
-        matches are ignored). Causes are independent: a stream that catches up does not lift a mismatch."""
-        if cause not in DEGRADED_CAUSES:
-            raise ValueError(f"unknown degraded cause {cause!r}; one of {', '.join(DEGRADED_CAUSES)}")
-        with self.lock:
-            if replica.removed:
-                return
-            if reason is None:
-                replica.degraded.pop(cause, None)
-            else:
-                replica.degraded[cause] = reason
-            (self.untrusted.add if replica.degraded else self.untrusted.discard)(replica)
-
-    def apply_events(self, replica_id: ReplicaId, batch_or_events) -> None:
-        """Apply a replica's event batch (called from the subscriber's thread)."""
-        events = batch_or_events.events if isinstance(batch_or_events, EventBatch) else batch_or_events
-        with self.lock:
-            if (replica := self.replicas.get(replica_id)) is not None:
-                self.index.apply(replica_id, events)
-                apply_evictions(replica.load, events)
-                if self.ghosts is not None:
-                    self.ghosts.apply(replica.load, events)
-                self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
@@ -186,23 +128,25 @@ class KVRouter:
         t1 = _ns()
         if now is None and session_id is not None:
             now = time.monotonic()
-        num_tokens, excluded, policy = len(token_ids), set(exclude), self.policy
+        num_tokens, excluded = len(token_ids), set(exclude)
         with self.lock:
             matched = self.index.match_tiers(keys, now=now, pullable=self.pullable)
             version, t2 = self.index.predictions.version, _ns()  # the version the match was taken at
-            loads = self._routable_loads(excluded, pool, now)
+            candidates = self._routable(excluded, pool, now)
             tiers = matched.without(self._untrusted(matched))
-            choice = policy.decide(keys, tiers, loads, num_tokens, lora_name, self._pinned(session_id, now, loads))
-            replica_id, estimate, replica = choice.replica_id, choice.estimate, self.replicas.get(choice.replica_id)
+            choice = self._decide(keys, tiers, candidates, num_tokens, lora_name, session_id, now)
+            replica, estimate = choice.replica, choice.estimate
             pull = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now, commit)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
-        receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
-        return RouteDecision(replica, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
+        receipt = route_receipt(replica, tiers, candidates.loads, num_tokens, session_id, why, estimate,
+                                self.block_size)
+        return RouteDecision(replica, keys, tiers.either().get(replica.id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
-                             pool=pool, decided_at_ns=t0, estimate=estimate if receipt.predicted_ttft_s is not None else None,
-                             held_blocks=matched.device.get(replica_id, 0), index_version=version)
+                             pool=pool, decided_at_ns=t0,
+                             estimate=estimate if receipt.predicted_ttft_s is not None else None,
+                             held_blocks=matched.device.get(replica.id, 0), index_version=version)
 
     def _credit_and_plan(self, replica: Replica, keys: list[int], tiers: TierMatches, num_tokens: int,
                          excluded: set, pool: frozenset | None, session_id: str | None, now: float | None,
@@ -211,37 +155,44 @@ class KVRouter:
         pull planned (under the lock)."""
         if commit:
             self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0))
-        pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
-        if commit and pull is not None:
-            self.landing.add(replica, pull, now)
-        return pull
+        return self._plan_pull(replica, keys, tiers, num_tokens, excluded, pool, now, commit)
 
-    def _routable_loads(self, excluded: set, pool: frozenset | None, now: float | None) -> CandidateLoads | dict:
-        """``candidate_loads`` with the other router processes' counts and the pulls landing at ``now`` taken in
+    def _decide(self, keys: list[int], tiers: TierMatches, candidates: Candidates, num_tokens: int,
+                lora_name: str | None, session_id: str | None, now: float | None) -> Choice:
+        """The policy's choice among ``candidates``, the session's pin offered (under the lock); a policy answers with
+        one of the records it was given."""
+        choice = self.policy.decide(keys, tiers, candidates, num_tokens, lora_name,
+                                    self._pinned(session_id, now, candidates))
+        if choice.replica not in candidates:
+            raise TypeError(f"policy {self.policy.name!r} chose {choice.replica!r}, not one of its candidates")
+        return choice
+
+    def _routable(self, excluded: set, pool: frozenset | None, now: float | None) -> Candidates:
+        """``candidates`` with the other router processes' counts and the pulls landing at ``now`` taken in
         (call under the lock); NoReplicaError when none is left."""
         self.loads.refresh()  # other router processes' in-flight counts, when shared
         if self.landing:
             self.landing.count(now)
-        loads = self.candidate_loads(excluded, pool)
-        if not loads:
+        candidates = self.candidates(excluded, pool)
+        if not candidates:
             raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
                                  "failed this request); retry later or register a decode replica"
                                  if pool is None else "no healthy replica serves this model now (its replicas "
                                  "are down, of role prefill or already failed this request); retry later")
-        return loads
+        return candidates
 
     def _untrusted(self, tiers: TierMatches) -> list[ReplicaId]:
         """The degraded replicas among those holding any of the prompt (their matches are not trusted)."""
         ids = {r.id for r in self.untrusted}
         return [r for tier in (tiers.device, tiers.host) for r in tier if r in ids] if ids else []
 
-    def _pinned(self, session_id: str | None, now: float | None, loads) -> ReplicaId | None:
+    def _pinned(self, session_id: str | None, now: float | None, candidates: Candidates) -> Replica | None:
         """The replica the session is pinned to, when it is a candidate (soft affinity, router/routing/session.py: the
         policy keeps it while its cost allows). Under the lock."""
         if session_id is None:
             return None
         pinned = self.sessions.get(session_id, now)
-        return pinned if pinned is not None and pinned in loads else None
+        return candidates.named(pinned) if pinned is not None else None
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
@@ -276,27 +227,7 @@ class KVRouter:
         with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
             observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
 
-    def forget_pull(self, decision: RouteDecision) -> None:
-        """``decision``'s pull will not land: its attempt failed or was cancelled before its replica answered
-        (router/http/in_flight.py). Its replica stops counting it at once (pulls_landing.py)."""
-        if decision.pull is not None:
-            with self.lock:
-                self.landing.release(decision.replica, decision.pull)
-
-    def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads | dict:
+    def candidates(self, excluded: set, pool: frozenset | None = None) -> Candidates:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under
         the lock; router/routing/routable.py)."""
-        return self.routable.loads(excluded, pool)
-
-    def choose_split(self, decision: RouteDecision, now: float | None = None) -> SplitChoice:
-        """Where to prefill ``decision``'s prompt before its decode replica gets it (router/routing/kv_placement.py):
-        no prefill replica when the prompt stays whole (none registered, or its uncached suffix is under
-        ``pd_min_uncached_tokens``), and why when a wanted split is not made; ``now`` as ``route``'s."""
-        if not self.replicas.num_prefill or decision.uncached_tokens < self.transfers.pd_min_uncached_tokens:
-            return SplitChoice(None)
-        num_tokens = decision.uncached_tokens + decision.predicted_hit_tokens
-        with self.lock:
-            self.loads.refresh()
-            matches = self.index.match(decision.keys, now=now)
-            return choose_split(self.replicas.prefill(decision.pool), decision.replica, decision.uncached_tokens,
-                                matches, num_tokens, self.hasher.block_size, self.transfers)
+        return self.routable.candidates(excluded, pool)

@@ -49,3 +49,18 @@ def stub_replica(delay_ms: int):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def candidates(loads):
+    """A policy's candidates without a router: one record per id of ``loads``, holding its load, in that order."""
+    from kvmesh.router.replicas.replica import Replica
+    from kvmesh.router.routing.candidates import Candidates
+
+    return Candidates.of([Replica(rid, load=load) for rid, load in loads.items()])
+
+
+def plain(candidates):
+    """The same candidates with their loads as a plain dict: priced one by one, not from the load columns."""
+    from kvmesh.router.routing.candidates import Candidates
+
+    return Candidates(dict(candidates.loads), list(candidates))

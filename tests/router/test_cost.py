@@ -19,6 +19,8 @@ from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies import get_policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
+from .helpers import candidates
+
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt
 STEP = DecodeStepLoad(step_s=0.008, s_per_seq=5e-5, s_per_context_token=4e-8)
@@ -118,10 +120,10 @@ def test_cache_aware_chooses_the_smallest_predicted_time():
         loads = {f"r{i}": replica(rng.uniform(2_000, 20_000), queued_prefill_tokens=rng.randrange(20_000),
                                   num_running=rng.randrange(30)) for i in range(6)}
         matches = {f"r{i}": rng.randrange(65) for i in range(6) if rng.random() < 0.5}
-        choice = policy.decide(KEYS, TierMatches(matches), loads)
+        choice = policy.decide(KEYS, TierMatches(matches), candidates(loads))
         cost = {rid: e.choice_s for rid, e in choice.prices.items()}
-        assert cost[choice.replica_id] == pytest.approx(min(cost.values()))
-        assert choice.estimate is choice.prices[choice.replica_id]
+        assert cost[choice.replica.id] == pytest.approx(min(cost.values()))
+        assert choice.estimate is choice.prices[choice.replica.id]
 
 
 def test_cache_aware_leaves_its_prefix_once_the_queue_costs_more_seconds_than_the_hit_saves():
@@ -129,10 +131,10 @@ def test_cache_aware_leaves_its_prefix_once_the_queue_costs_more_seconds_than_th
     saved_s = 40 * BS / 10_000
     near = {"r0": replica(), "r1": replica(queued_prefill_tokens=int(0.9 * saved_s * 10_000))}
     far = {"r0": replica(), "r1": replica(queued_prefill_tokens=int(1.1 * saved_s * 10_000))}
-    assert policy.choose(KEYS, TierMatches({"r1": 40}), near) == "r1"
-    assert policy.choose(KEYS, TierMatches({"r1": 40}), far) == "r0"
+    assert policy.choose(KEYS, TierMatches({"r1": 40}), candidates(near)).id == "r1"
+    assert policy.choose(KEYS, TierMatches({"r1": 40}), candidates(far)).id == "r0"
     slow_hit = {"r0": replica(), "r1": replica(rate=1_000.0)}  # a hit on a 10x slower replica: not worth it
-    assert policy.choose(KEYS, TierMatches({"r1": 40}), slow_hit) == "r0"
+    assert policy.choose(KEYS, TierMatches({"r1": 40}), candidates(slow_hit)).id == "r0"
 
 
 def test_the_router_reports_the_prediction_and_learns_from_the_observed_ttft():

@@ -14,7 +14,7 @@ from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies import get_policy, policy_config
 from kvmesh.router.routing.tier_matches import TierMatches
 
-from .helpers import removed, stored
+from .helpers import candidates, removed, stored
 
 BS = 16
 TOKENS = list(range(4 * BS))  # four blocks
@@ -134,7 +134,8 @@ def test_a_negative_ghost_weight_is_refused_by_name():
 def test_a_token_no_replica_holds_is_not_damage():
     """No candidate holds the prompt: it is stored somewhere whichever takes it, so comeback prices nothing."""
     loads = {"thrashing": ReplicaLoad(comeback=0.5), "calm": ReplicaLoad()}
-    assert _policy(ghost_weight=1.0).costs(list(range(64)), {}, loads) == {"thrashing": 1024.0, "calm": 1024.0}
+    assert _policy(ghost_weight=1.0).costs(list(range(64)), {},
+                                           candidates(loads)) == {"thrashing": 1024.0, "calm": 1024.0}
 
 
 def test_a_second_copy_costs_what_its_eviction_brings_back():
@@ -145,12 +146,12 @@ def test_a_second_copy_costs_what_its_eviction_brings_back():
     keys, tiers = list(range(64)), TierMatches({"holder": 60})
     loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000, comeback=0.6, evicting=1.0),
              "idle": ReplicaLoad(comeback=1.0, evicting=1.0)}
-    costs = _policy(ghost_weight=1.0).costs(keys, {"holder": 60}, loads)
+    costs = _policy(ghost_weight=1.0).costs(keys, {"holder": 60}, candidates(loads))
     assert costs == {"holder": pytest.approx(1264.0), "idle": pytest.approx(1024 + 0.8 * 960)}
-    assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "holder"
-    assert _policy().choose(keys, tiers, loads) == "idle"  # unset: off without pulls
+    assert _policy(ghost_weight=1.0).choose(keys, tiers, candidates(loads)).id == "holder"
+    assert _policy().choose(keys, tiers, candidates(loads)).id == "idle"  # unset: off without pulls
     loads = {"holder": ReplicaLoad(pending_prefill_tokens=8_000, evicting=1.0), "idle": ReplicaLoad(evicting=1.0)}
-    assert _policy(ghost_weight=1.0).choose(keys, tiers, loads) == "idle"
+    assert _policy(ghost_weight=1.0).choose(keys, tiers, candidates(loads)).id == "idle"
 
 
 def _pulling(**fields) -> ReplicaLoad:
@@ -178,11 +179,13 @@ def test_the_default_prices_a_pull():
     keys, tiers = list(range(64)), TierMatches({"holder": 60})
     policy = _policy(price_pulls=True)
     policy.use_pulls(PullPriors(True))
-    costs = policy.costs(keys, {"holder": 60}, loads)
+    costs = policy.costs(keys, {"holder": 60}, candidates(loads))
     assert costs["idle"] == pytest.approx(64 + 960 * (60 * (1 << 20) / 1e10 + 0.001) / 0.096)
-    assert policy.choose(keys, tiers, {"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()}) \
+    assert policy.choose(keys, tiers,
+                         candidates({"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()})).id \
         == "idle"  # 64 + 450 against 137
     unpriced = _policy(price_pulls=False)
     unpriced.use_pulls(PullPriors(True))
-    assert unpriced.choose(keys, tiers, {"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()}) \
+    assert unpriced.choose(keys, tiers,
+                           candidates({"holder": _pulling(pending_prefill_tokens=3_000), "idle": _pulling()})).id \
         == "holder"  # 514 against 1024

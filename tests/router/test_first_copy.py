@@ -15,6 +15,8 @@ from kvmesh.router.routing.policies import get_policy
 from kvmesh.router.routing.policies.cache_aware_tokens_config import CacheAwareTokensConfig
 from kvmesh.router.routing.tier_matches import TierMatches
 
+from .helpers import candidates
+
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt
 GATED = CacheAwareTokensConfig(turnover_while_filling=False)
@@ -69,18 +71,19 @@ def test_an_idle_fleet_keeps_a_conversation_on_the_replica_holding_it():
     1,024, and turn 2 stays. On caches that evict, the turnover term still sends it away (944 x 2 > 1,024 / 2)."""
     policy = get_policy("cache_aware_tokens", GATED, block_size=BS)
     filling = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
-    assert policy.costs(KEYS, {"holder": 5}, filling) == {"holder": 944.0, "other": 1024.0}
-    assert policy.choose(KEYS, TierMatches({"holder": 5}), filling) == "holder"
+    assert policy.costs(KEYS, {"holder": 5}, candidates(filling)) == {"holder": 944.0, "other": 1024.0}
+    assert policy.choose(KEYS, TierMatches({"holder": 5}), candidates(filling)).id == "holder"
     full = {"holder": ReplicaLoad(recent_prefill=1024.0, evicting=1.0), "other": ReplicaLoad(evicting=1.0)}
-    assert policy.costs(KEYS, {"holder": 5}, full) == {"holder": 944.0 * 2, "other": 512.0}
-    assert policy.choose(KEYS, TierMatches({"holder": 5}), full) == "other"
+    assert policy.costs(KEYS, {"holder": 5}, candidates(full)) == {"holder": 944.0 * 2, "other": 512.0}
+    assert policy.choose(KEYS, TierMatches({"holder": 5}), candidates(full)).id == "other"
 
 
 def test_turnover_counts_as_far_as_the_replica_is_evicting():
     """Half evicting: 1 + 1 x 0.5 x (2 - 1) = 1.5 per uncached token at the clamp, 1 + 0.5 x (1/2 - 1) = 0.75 at the
     floor (the backlog weight also sits halfway, but nothing is queued)."""
     loads = {"busy": ReplicaLoad(recent_prefill=1024.0, evicting=0.5), "idle": ReplicaLoad(evicting=0.5)}
-    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0, "idle": 768.0}
+    gated = get_policy("cache_aware_tokens", GATED, block_size=BS)
+    assert gated.costs(KEYS, {}, candidates(loads)) == {"busy": 1536.0, "idle": 768.0}
 
 
 FILLING = CacheAwareTokensConfig(filling_backlog_weight=1.0, turnover_while_filling=False)
@@ -92,10 +95,10 @@ def test_while_the_fleet_fills_the_holder_keeps_a_request_unless_its_queue_costs
     (``filling_backlog_weight`` 1; unset, the queue weighs ``backlog_weight`` whether the caches fill or not)."""
     policy = get_policy("cache_aware_tokens", FILLING, block_size=BS)
     loads = {"holder": ReplicaLoad(queued_prefill_tokens=queued), "other": ReplicaLoad()}
-    assert policy.costs(KEYS, {"holder": 60}, loads)["holder"] == 64 + queued
-    assert policy.choose(KEYS, TierMatches({"holder": 60}), loads) == chosen
+    assert policy.costs(KEYS, {"holder": 60}, candidates(loads))["holder"] == 64 + queued
+    assert policy.choose(KEYS, TierMatches({"holder": 60}), candidates(loads)).id == chosen
     unset = get_policy("cache_aware_tokens", GATED, block_size=BS)
-    assert unset.costs(KEYS, {"holder": 60}, loads)["holder"] == pytest.approx(64 + 0.15 * queued)
+    assert unset.costs(KEYS, {"holder": 60}, candidates(loads))["holder"] == pytest.approx(64 + 0.15 * queued)
 
 
 def test_on_evicting_caches_the_queue_weighs_backlog_weight_and_in_between_by_the_mean_evicting():
@@ -103,21 +106,21 @@ def test_on_evicting_caches_the_queue_weighs_backlog_weight_and_in_between_by_th
     queue halfway between 0.15 and 1 (its mean evicting: one replica full, one filling)."""
     policy = get_policy("cache_aware_tokens", FILLING, block_size=BS)
     full = {"holder": ReplicaLoad(queued_prefill_tokens=961, evicting=1.0), "other": ReplicaLoad(evicting=1.0)}
-    assert policy.costs(KEYS, {"holder": 60}, full)["holder"] == pytest.approx(64 + 0.15 * 961)
-    assert policy.choose(KEYS, TierMatches({"holder": 60}), full) == "holder"
+    assert policy.costs(KEYS, {"holder": 60}, candidates(full))["holder"] == pytest.approx(64 + 0.15 * 961)
+    assert policy.choose(KEYS, TierMatches({"holder": 60}), candidates(full)).id == "holder"
     half = {"holder": ReplicaLoad(queued_prefill_tokens=961, evicting=1.0), "other": ReplicaLoad()}
-    assert policy.costs(KEYS, {"holder": 60}, half)["holder"] == pytest.approx(64 + 0.575 * 961)
+    assert policy.costs(KEYS, {"holder": 60}, candidates(half))["holder"] == pytest.approx(64 + 0.575 * 961)
 
 
 def test_a_busy_fleet_prices_the_intake_of_a_replica_not_evicting_as_far_as_it_is_busy():
     """No cache evicts; one of the two replicas runs a request (busy = 1/2): 1 + 0.5 x (2 - 1) = 1.5 per uncached
     token at the clamp, 0.75 at the floor; 8 for the running request's step. ``busy_turnover`` off: 1 and 1."""
     loads = {"busy": ReplicaLoad(recent_prefill=1024.0, in_flight=1), "idle": ReplicaLoad()}
-    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0 + 8,
-                                                                                      "idle": 768.0}
+    gated = get_policy("cache_aware_tokens", GATED, block_size=BS)
+    assert gated.costs(KEYS, {}, candidates(loads)) == {"busy": 1536.0 + 8, "idle": 768.0}
     off = get_policy("cache_aware_tokens", CacheAwareTokensConfig(busy_turnover=False, turnover_while_filling=False),
                      block_size=BS)
-    assert off.costs(KEYS, {}, loads) == {"busy": 1024.0 + 8, "idle": 1024.0}
+    assert off.costs(KEYS, {}, candidates(loads)) == {"busy": 1024.0 + 8, "idle": 1024.0}
 
 
 def test_the_default_prices_turnover_on_every_replica_as_its_published_figures_were_measured():
@@ -125,4 +128,4 @@ def test_the_default_prices_turnover_on_every_replica_as_its_published_figures_w
     gap ``turnover_while_filling=False`` closes)."""
     policy = get_policy("cache_aware_tokens", block_size=BS)
     filling = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
-    assert policy.costs(KEYS, {"holder": 5}, filling) == {"holder": 944.0 * 2, "other": 512.0}
+    assert policy.costs(KEYS, {"holder": 5}, candidates(filling)) == {"holder": 944.0 * 2, "other": 512.0}

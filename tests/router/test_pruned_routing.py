@@ -19,6 +19,8 @@ from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from kvmesh.router.routing.tier_matches import TierMatches
 
+from .helpers import plain
+
 BS = 4
 
 
@@ -93,7 +95,7 @@ def test_columns_price_every_candidate_as_estimate_does():
         lora = rng.choice((None, "a", "b"))
         step_tokens = rng.choice((8192.0, 64.0, 5.0, 7.5, 0.3))
         with router.lock:
-            loads = router.candidate_loads(set(rng.sample(ids, rng.randint(0, min(2, len(ids))))))
+            loads = router.candidates(set(rng.sample(ids, rng.randint(0, min(2, len(ids)))))).loads
         if not loads:
             continue
         fast = price_all(loads, tiers.device, tiers.host, prompt, BS, step_tokens, pulls, lora)
@@ -110,7 +112,7 @@ def test_columns_fleet_rates_equal_fleet_rates_of_the_candidates():
         rng = random.Random(seed)
         router, ids = random_router(rng)
         with router.lock:
-            loads = router.candidate_loads(set(rng.sample(ids, rng.randint(0, min(3, len(ids))))))
+            loads = router.candidates(set(rng.sample(ids, rng.randint(0, min(3, len(ids)))))).loads
         assert loads.fleet() == FleetRates.of(dict(loads).values()), seed
 
 
@@ -130,19 +132,19 @@ def test_pruned_decisions_equal_the_full_scan_on_random_fleets(temperature):
             tiers = random_tiers(rng, ids, prompt // BS) if rng.random() < 0.7 else TierMatches()
             lora = rng.choice((None, None, "a"))
             with router.lock:
-                loads = router.candidate_loads(set())
-            if not loads:
+                among = router.candidates(set())
+            if not among:
                 break
             keys = list(range(prompt // BS))
-            fast_choice, full_choice = fast.decide(keys, tiers, loads, prompt, lora), full.decide(
-                keys, tiers, dict(loads), prompt, lora)
-            chosen = fast_choice.replica_id
-            assert chosen == full_choice.replica_id, seed
+            fast_choice, full_choice = fast.decide(keys, tiers, among, prompt, lora), full.decide(
+                keys, tiers, plain(among), prompt, lora)
+            chosen = fast_choice.replica
+            assert chosen is full_choice.replica, seed
             assert fast_choice.estimate == full_choice.estimate, seed
-            pinned = rng.choice(list(loads))
-            assert (fast.keeps_session(pinned, fast_choice, keys, tiers.device, loads, prompt)
-                    == full.keeps_session(pinned, full_choice, keys, tiers.device, dict(loads), prompt)), seed
-            router.loads.on_dispatch(router.replicas.get(chosen), prompt, now=float(_),
+            pinned = rng.choice(list(among))
+            assert (fast.keeps_session(pinned, fast_choice, keys, tiers, among, prompt)
+                    == full.keeps_session(pinned, full_choice, keys, tiers, plain(among), prompt)), seed
+            router.loads.on_dispatch(chosen, prompt, now=float(_),
                                      prompt_tokens=prompt)  # the columns follow
 
 
@@ -157,8 +159,8 @@ def test_route_through_the_router_equals_the_full_scan(monkeypatch):
             router.add_replica(rid)
         routers.append(router)
     fast, full = routers
-    monkeypatch.setattr(full, "candidate_loads", lambda excluded, pool=None: dict(
-        KVRouter.candidate_loads(full, excluded, pool)))
+    monkeypatch.setattr(full, "candidates", lambda excluded, pool=None: plain(
+        KVRouter.candidates(full, excluded, pool)))
     for rid in range(30):
         for router in routers:
             randomize(router.loads.loads[rid], random.Random(rid))
@@ -210,11 +212,12 @@ def test_candidates_keep_the_trackers_order_after_a_replica_rejoins():
     router.add_replica("a")
     router.set_healthy(router.replicas.get("b"), False)
     with router.lock:
-        loads = router.candidate_loads(set())
-        assert list(loads) == ["c", "a"] == [r for r in router.loads.loads if r in router.healthy]
-        assert list(router.candidate_loads({"c"})) == ["a"]
-        assert list(router.candidate_loads(set(), frozenset({"b", "c"}))) == ["c"]
-    assert np.count_nonzero(loads.mask) == 2
+        among = router.candidates(set())
+        assert [r.id for r in among] == ["c", "a"] == [r for r in router.loads.loads if r in router.healthy]
+        assert list(among.loads) == ["c", "a"]
+        assert [r.id for r in router.candidates({"c"})] == ["a"]
+        assert [r.id for r in router.candidates(set(), frozenset({"b", "c"}))] == ["c"]
+    assert np.count_nonzero(among.loads.mask) == 2
 
 
 def test_a_fleet_growing_past_the_columns_threshold_decides_as_the_full_scan(monkeypatch):
@@ -223,8 +226,8 @@ def test_a_fleet_growing_past_the_columns_threshold_decides_as_the_full_scan(mon
     monkeypatch.setattr(routable, "COLUMNS_FROM", 6)
     fast = KVRouter(block_size=BS, policy=CacheAwarePolicy(CacheAwareConfig(), BS, 1))
     full = KVRouter(block_size=BS, policy=CacheAwarePolicy(CacheAwareConfig(), BS, 1))
-    monkeypatch.setattr(full, "candidate_loads", lambda excluded, pool=None: dict(
-        KVRouter.candidate_loads(full, excluded, pool)))
+    monkeypatch.setattr(full, "candidates", lambda excluded, pool=None: plain(
+        KVRouter.candidates(full, excluded, pool)))
     rng = random.Random(3)
     kinds = []
     for step in range(120):
@@ -237,7 +240,7 @@ def test_a_fleet_growing_past_the_columns_threshold_decides_as_the_full_scan(mon
         assert decisions[0].replica_id == decisions[1].replica_id, step
         assert decisions[0].predicted_ttft_s == decisions[1].predicted_ttft_s, step
         with fast.lock:
-            kinds.append(isinstance(fast.candidate_loads(set()), CandidateLoads))
+            kinds.append(isinstance(fast.candidates(set()).loads, CandidateLoads))
         queued = rng.randrange(2000)
         for router in (fast, full):
             router.loads.on_dispatch(router.replicas.get(decisions[0].replica_id), decisions[0].uncached_tokens,

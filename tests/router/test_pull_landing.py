@@ -19,6 +19,7 @@ from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies import get_policy, policy_config
 from kvmesh.router.routing.tier_matches import TierMatches
 
+from .helpers import candidates
 from .test_kv_transfer_decisions import report
 from .test_pull_what_is_held import CONTEXT, _replicas
 from .test_pulls_priced import _pulling
@@ -38,24 +39,27 @@ def test_a_request_computed_ahead_of_a_landing_pull_costs_its_tokens_once_more()
     would cost 1,024, and a pull landing there waits through those 1,024 tokens: 2,048, so ``other`` gets it."""
     loads = {"landing": _pulling(landing_pulls=1), "other": _pulling(pending_prefill_tokens=100)}
     policy = _default()
-    assert policy.costs(KEYS, {}, loads) == {"landing": pytest.approx(2048.0), "other": pytest.approx(1039.0)}
-    assert policy.choose(KEYS, TierMatches({}), loads) == "other"
+    assert policy.costs(KEYS, {},
+                        candidates(loads)) == {"landing": pytest.approx(2048.0), "other": pytest.approx(1039.0)}
+    assert policy.choose(KEYS, TierMatches({}), candidates(loads)).id == "other"
     loads["landing"].landing_pulls = 0
-    assert policy.choose(KEYS, TierMatches({}), loads) == "landing"  # 1,024 against 1,039
+    assert policy.choose(KEYS, TierMatches({}), candidates(loads)).id == "landing"  # 1,024 against 1,039
 
 
 def test_two_landing_pulls_each_wait_and_a_long_queue_still_weighs_more():
     """Two pulls landing: 1,024 x 3 = 3,072; ``other`` with 15,000 queued tokens: 1,024 + 2,250 = 3,274."""
     loads = {"landing": _pulling(landing_pulls=2), "other": _pulling(pending_prefill_tokens=15_000)}
-    assert _default().costs(KEYS, {}, loads) == {"landing": pytest.approx(3072.0), "other": pytest.approx(3274.0)}
-    assert _default().choose(KEYS, TierMatches({}), loads) == "landing"
+    assert _default().costs(KEYS, {},
+                            candidates(loads)) == {"landing": pytest.approx(3072.0), "other": pytest.approx(3274.0)}
+    assert _default().choose(KEYS, TierMatches({}), candidates(loads)).id == "landing"
 
 
 def test_without_pulls_a_landing_count_is_not_priced():
     """Pulls off: the token formula alone (the count is never set then; set by hand here, it changes nothing)."""
     policy = get_policy("cache_aware_tokens", policy_config("cache_aware_tokens", {"churn_weight": 0.0}), BS)
     loads = {"landing": _pulling(landing_pulls=1), "other": _pulling(pending_prefill_tokens=100)}
-    assert policy.costs(KEYS, {}, loads) == {"landing": pytest.approx(1024.0), "other": pytest.approx(1039.0)}
+    assert policy.costs(KEYS, {},
+                        candidates(loads)) == {"landing": pytest.approx(1024.0), "other": pytest.approx(1039.0)}
 
 
 def _router() -> KVRouter:

@@ -7,6 +7,7 @@ turn recomputes its whole context elsewhere (``kvmesh sim --workload tool_agent`
 from __future__ import annotations
 
 import pytest
+from kvmesh.cluster.measure.sim.rivals import COMPARED
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.cost import PullPriors
 from kvmesh.router.routing.cost.stored_tokens import stored_tokens
@@ -67,10 +68,11 @@ def test_no_pull_is_priced_or_planned_from_blocks_still_queued_on_their_holder()
 
 @pytest.mark.parametrize("name", ["cache_aware_tokens", "dynamo", "sglang", "least_loaded", "cache_aware"])
 def test_every_policy_plans_its_pulls_from_held_blocks_alone(name):
-    """The pull planner serves every policy (the default without ``price_pulls``, the peers' formulas): the next turn
-    leaves b (100 requests in flight, this router's) for a, holding the system prompt, or c, holding nothing. b holds
-    none of the context yet: a pulls nothing, c pulls the system prompt from a, the one replica holding it."""
-    policy = get_policy(name, block_size=BS)
+    """The pull planner serves every policy (the default without ``price_pulls``, the rivals' formulas the simulator
+    runs through the router): the next turn leaves b (100 requests in flight, this router's) for a, holding the system
+    prompt, or c, holding nothing. b holds none of the context yet: a pulls nothing, c pulls the system prompt from a,
+    the one replica holding it."""
+    policy = get_policy(name, block_size=BS, registry=COMPARED)
     router = KVRouter(block_size=BS, policy=policy, predict_ttl_s=10.0, transfers=KVPlacementRules())
     _replicas(router)
     _queued_turn_on_b(router)

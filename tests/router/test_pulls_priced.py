@@ -17,7 +17,7 @@ from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies import get_policy, policy_config
 from kvmesh.router.routing.tier_matches import TierMatches
 
-from .helpers import removed, stored
+from .helpers import candidates, removed, stored
 
 BS = 16
 KEYS = list(range(64))  # 1024 tokens, the holder has 60 blocks (960 tokens) of them
@@ -43,10 +43,10 @@ def test_the_default_leaves_a_queued_holder_for_an_idle_replica_that_pulls():
     computed; pulled, its 960 tokens cost their pull's share of computing them, 64 + 73 = 137."""
     loads = {"holder": _pulling(pending_prefill_tokens=5_000), "idle": _pulling()}
     policy = _default()
-    assert policy.costs(KEYS, TIERS.device, loads, pullable=TIERS.pullable) == {
+    assert policy.costs(KEYS, TIERS.device, candidates(loads), pullable=TIERS.pullable) == {
         "holder": pytest.approx(814.0), "idle": pytest.approx(64 + 960 * SHARE)}
-    assert policy.choose(KEYS, TIERS, loads) == "idle"
-    assert _default(price_pulls=False).choose(KEYS, TIERS, loads) == "holder"  # 814 against 1024
+    assert policy.choose(KEYS, TIERS, candidates(loads)).id == "idle"
+    assert _default(price_pulls=False).choose(KEYS, TIERS, candidates(loads)).id == "holder"  # 814 against 1024
 
 
 def test_a_pull_is_not_priced_onto_a_replica_that_queues_the_request_too():
@@ -54,8 +54,8 @@ def test_a_pull_is_not_priced_onto_a_replica_that_queues_the_request_too():
     unreferenced while they wait: the copy is priced as computed there, 1024 + 600, and the holder keeps it."""
     loads = {"holder": _pulling(pending_prefill_tokens=5_000), "busy": _pulling(pending_prefill_tokens=4_000)}
     policy = _default()
-    assert policy.costs(KEYS, TIERS.device, loads, pullable=TIERS.pullable)["busy"] == pytest.approx(1624.0)
-    assert policy.choose(KEYS, TIERS, loads) == "holder"
+    assert policy.costs(KEYS, TIERS.device, candidates(loads), pullable=TIERS.pullable)["busy"] == pytest.approx(1624.0)
+    assert policy.choose(KEYS, TIERS, candidates(loads)).id == "holder"
 
 
 def test_the_copy_a_pull_makes_costs_what_its_evictions_bring_back():
@@ -63,10 +63,10 @@ def test_the_copy_a_pull_makes_costs_what_its_evictions_bring_back():
     137 + 768 = 905 against the holder's 814; ``ghost_weight`` set prices it at that weight instead."""
     loads = {"holder": _pulling(pending_prefill_tokens=5_000, comeback=0.8),
              "idle": _pulling(comeback=0.8)}
-    assert _default().costs(KEYS, TIERS.device, loads, pullable=TIERS.pullable)["idle"] == pytest.approx(
+    assert _default().costs(KEYS, TIERS.device, candidates(loads), pullable=TIERS.pullable)["idle"] == pytest.approx(
         64 + 960 * SHARE + 0.8 * 960)
-    assert _default().choose(KEYS, TIERS, loads) == "holder"
-    assert _default(ghost_weight=0.0).choose(KEYS, TIERS, loads) == "idle"
+    assert _default().choose(KEYS, TIERS, candidates(loads)).id == "holder"
+    assert _default(ghost_weight=0.0).choose(KEYS, TIERS, candidates(loads)).id == "idle"
 
 
 @pytest.mark.parametrize("pulls", [None, PullPriors(False)])
@@ -75,9 +75,9 @@ def test_without_pulls_the_default_is_the_token_formula(pulls):
     replica 1024)."""
     loads = {"holder": _pulling(pending_prefill_tokens=5_000, comeback=0.8), "idle": _pulling(comeback=0.8)}
     policy = _default(pulls)
-    assert policy.costs(KEYS, TIERS.device, loads, pullable=TIERS.pullable) == {
+    assert policy.costs(KEYS, TIERS.device, candidates(loads), pullable=TIERS.pullable) == {
         "holder": pytest.approx(814.0), "idle": pytest.approx(1024.0)}
-    assert policy.choose(KEYS, TIERS, loads) == "holder"
+    assert policy.choose(KEYS, TIERS, candidates(loads)).id == "holder"
 
 
 @pytest.mark.parametrize(("peer_pulls", "keeps"), [(True, True), (False, False)])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MAX_ID_PARAMETERS = 30
+MAX_ID_PARAMETERS = 28
 """Functions of router/ taking a ``replica_id`` (the edges of ``ID_EDGES``): lower it when one goes."""
 MAX_ID_LOOKUPS = 10
 """Lookups of a record by id in router/ (``replica_lookups``): lower it when one goes."""
@@ -41,10 +41,6 @@ _ID_ATTRS = {"id", "replica_id"}
 ALLOWED = {
     "router/replicas/replica_set.py:ReplicaSet._by_id": "the set itself: id -> record",
     "router/routing/index.py:PrefixIndex._replicas": "the index's slots: each replica's bit in the block masks",
-    # A peer's formula keeps the state that router keeps, in that router's shape (its own trackers by worker):
-    "router/routing/policies/dynamo.py:ActiveBlocks.workers": "Dynamo's router-local active sequences per worker",
-    "router/routing/policies/llmd.py:RoutedPrefixes.servers": "llm-d's approximate prefix index of its own routing",
-    "router/routing/policies/sglang.py:ApproximateTree.lru": "sglang-router's tree of the requests it routed",
 }
 """The replica-keyed maps the router may keep, each for the reason given."""
 
@@ -55,7 +51,7 @@ ID_EDGES = {
     "router/replicas/replica_set.py:ReplicaSet.__contains__": "the set's index by id",
     "router/routing/kv_router.py:KVRouter.add_replica": "registers a replica by id (the plane, the simulator)",
     "router/routing/kv_router.py:KVRouter.remove_replica": "forgets a replica by id (admin, the fleet)",
-    "router/routing/kv_router.py:KVRouter.apply_events": "event intake: a batch names its publisher by id",
+    "router/routing/event_intake.py:EventIntake.apply_events": "event intake: a batch names its publisher by id",
     # admin HTTP and the feeds: an id comes in over the wire
     "router/control/runtime.py:Fleet.request_remove": "the fleet's own call: a replica process by its name",
     "router/control/runtime.py:RouterRuntime.remove_replica": "DELETE /replicas/{id} and the owner's rows (follow.py)",
@@ -82,9 +78,6 @@ ID_EDGES = {
     "router/routing/cost/prices.py:Prices.__getitem__": "Mapping protocol (id -> estimate)",
     "router/routing/cost/prices.py:Prices.__contains__": "Mapping protocol",
     "router/routing/cost/candidates.py:price_one": "prices one key of the candidates' id-keyed loads",
-    # a peer's formula keeps that router's own per-worker state (see ALLOWED above)
-    "router/routing/policies/dynamo.py:ActiveBlocks.worker": "Dynamo's tracker of one worker, by its id",
-    "router/routing/policies/llmd.py:RoutedPrefixes.server": "llm-d's prefix LRU of one server, by its id",
 }
 """Functions of router/ that may take a ``replica_id`` parameter: the edges where an id comes in, each with why."""
 

@@ -16,6 +16,7 @@ import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 from kvmesh.router.http.proxy import Forwarder
+from kvmesh.router.routing.candidates import Candidates
 
 from .conftest import ADMIN_KEY, replica_rows, wait_for
 
@@ -158,7 +159,7 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     def costs() -> dict:
         with core.lock:
             priced = core.policy.price(keys, core.index.match_tiers(keys),
-                                       {r: core.loads.loads[r] for r in (holder, other)})
+                                       Candidates.of([core.replicas.get(r) for r in (holder, other)]))
         return {r: e.choice_s for r, e in priced.items()}
 
     assert costs()[holder] < costs()[other]  # idle, the holder's cached prefix made it the cheaper

@@ -15,6 +15,7 @@ from kvmesh.router.routing.policies import cache_aware_tokens
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig, CacheAwareTokensPolicy
 from kvmesh.router.routing.tier_matches import TierMatches
 
+from .helpers import plain
 from .test_pruned_routing import BS, random_router
 
 
@@ -59,15 +60,15 @@ def test_the_columns_choose_what_the_loop_chooses_on_random_fleets():
             prompt = rng.choice((0, 5, 64, 600))
             device = {rid: rng.randint(0, prompt // BS + 2) for rid in rng.sample(ids, rng.randint(0, len(ids)))}
             with router.lock:
-                loads = router.candidate_loads(set())
-            if not loads:
+                among = router.candidates(set())
+            if not among:
                 break
-            assert isinstance(loads, CandidateLoads)
+            assert isinstance(among.loads, CandidateLoads)
             keys = list(range(prompt // BS))
-            chosen = fast.choose(keys, TierMatches(device), loads, prompt)
-            assert chosen == full.choose(keys, TierMatches(device), dict(loads), prompt), seed
+            chosen = fast.choose(keys, TierMatches(device), among, prompt)
+            assert chosen is full.choose(keys, TierMatches(device), plain(among), prompt), seed
             compared += 1
-            load = router.loads.loads[chosen]  # the chosen replica gets busier, as a dispatch makes it
+            load = chosen.load  # the chosen replica gets busier, as a dispatch makes it
             load.in_flight += 1
             load.pending_prefill_tokens += prompt
     assert compared > 1000
@@ -82,9 +83,9 @@ def test_the_chosen_replica_is_the_cheapest_by_costs():
         prompt = rng.choice((5, 64, 600))
         device = {rid: rng.randint(0, prompt // BS) for rid in rng.sample(ids, rng.randint(0, len(ids)))}
         with router.lock:
-            loads = router.candidate_loads(set())
-        if not loads:
+            among = router.candidates(set())
+        if not among:
             continue
-        costs = policy.costs(list(range(prompt // BS)), device, dict(loads), prompt)
-        chosen = policy.choose(list(range(prompt // BS)), TierMatches(device), loads, prompt)
-        assert costs[chosen] == min(costs.values()), seed
+        costs = policy.costs(list(range(prompt // BS)), device, plain(among), prompt)
+        chosen = policy.choose(list(range(prompt // BS)), TierMatches(device), among, prompt)
+        assert costs[chosen.id] == min(costs.values()), seed

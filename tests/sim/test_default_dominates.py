@@ -16,11 +16,12 @@ import pytest
 from kvmesh.cluster.measure.benchmarks.policy_matrix import HIT_SLACK, TTFT_SLACK, dominance
 from kvmesh.cluster.measure.sim.config import SimConfig, miniature
 from kvmesh.cluster.measure.sim.request import cut_trace
+from kvmesh.cluster.measure.sim.rivals import COMPARED, RIVALS
 from kvmesh.cluster.measure.sim.run import compare_policies
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings
 from kvmesh.cluster.measure.workloads.traces import default_trace
-from kvmesh.router.routing.policies import DEFAULT_POLICY, PEER_POLICIES, POLICIES
+from kvmesh.router.routing.policies import DEFAULT_POLICY
 
 pytestmark = pytest.mark.slow  # simulates the policies on whole workloads
 
@@ -38,7 +39,7 @@ def _figures(workload: str) -> dict[str, dict]:
     records = get_workload(workload).make(WorkloadSettings(trace=path))
     records = cut_trace(records, start=start, count=count, max_prompt_blocks=128)
     config = miniature(SimConfig(num_replicas=16, capacity_fraction=0.25, time_scale=0.5), 8)
-    report = compare_policies(records, config, list(POLICIES), show_progress=False, with_ceilings=False)
+    report = compare_policies(records, config, list(COMPARED), show_progress=False, with_ceilings=False)
     return {name: {"hit_rate": p["hit_rate"], "ttft_p50": p["ttft_s"]["p50"], "ttft_p99": p["ttft_s"]["p99"]}
             for name, p in report["policies"].items()}
 
@@ -46,13 +47,13 @@ def _figures(workload: str) -> dict[str, dict]:
 def _rivals(workload: str, peers: bool) -> dict[str, dict]:
     """The default's figures beside kvmesh's other policies' (``peers``: beside the peers' formulas instead)."""
     figures = _figures(workload)
-    return {name: f for name, f in figures.items() if name == DEFAULT_POLICY or (name in PEER_POLICIES) == peers}
+    return {name: f for name, f in figures.items() if name == DEFAULT_POLICY or (name in RIVALS) == peers}
 
 
 @pytest.mark.parametrize("workload", CUTS)
 def test_the_default_policy_dominates_kvmeshs_other_policies_on_a_cut_of_the_trace(workload):
     figures = _figures(workload)
-    assert set(figures) == set(POLICIES)
+    assert set(figures) == set(COMPARED)
     assert dominance(_rivals(workload, peers=False)) == {}, f"{DEFAULT_POLICY} on {workload}: {figures}"
 
 

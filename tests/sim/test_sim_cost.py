@@ -59,7 +59,7 @@ def test_simulated_replicas_report_what_they_measured_and_the_router_prices_with
     keys = router.hasher.keys(run.requests[0].all_token_ids or [3] * (4 * BS))
     priced = price_all(loads, router.index.match(keys), {}, 4 * BS, BS, 512)
     assert set(priced) == set(loads) and all(e.priced for e in priced.values())
-    choice = router.policy.decide(keys, TierMatches(router.index.match(keys)), loads, 4 * BS)
+    choice = router.policy.decide(keys, TierMatches(router.index.match(keys)), router.candidates(set()), 4 * BS)
     assert choice.estimate.choice_s == min(e.choice_s for e in choice.prices.values())
 
 

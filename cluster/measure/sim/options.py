@@ -68,8 +68,8 @@ class SimCompareOptions:
     """Which runs are compared, and how the simulated cluster is adjusted for them."""
 
     policies: str | None = None
-    """Comma-separated routing policies (default: every registered policy but the peers' formulas: dynamo, llmd,
-    llmd_precise and sglang run when named here)."""
+    """Comma-separated routing policies (default: the router's policies; the rivals' formulas, dynamo, llmd,
+    llmd_precise and sglang, sim/rivals/, run when named here)."""
     sessions: str = "off"
     """Pass the workload's session ids to the router: off, on, or both side by side."""
     miniature: int = 1

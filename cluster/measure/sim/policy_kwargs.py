@@ -9,9 +9,10 @@ PolicyArgument = int | float | str | bool | None
 
 def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
     """Every knob is one of some policy's (``--policy-kwargs`` tunes all the policies compared)."""
-    from kvmesh.router.routing.policies import POLICIES, policy_options
+    from kvmesh.cluster.measure.sim.rivals import COMPARED
+    from kvmesh.router.routing.policies import policy_options
 
-    known = sorted({name for policy in POLICIES for name in policy_options(policy)})
+    known = sorted({name for policy in COMPARED for name in policy_options(policy, COMPARED)})
     for key in options:
         if key not in known:
             raise ValueError(f"policy_kwargs: {key!r} is an option of no routing policy; "

@@ -33,6 +33,7 @@ from kvmesh.cluster.measure.sim.measured import sim_load_rates
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.kvcache.reuse import reusable_tokens
+from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.kv_placement import SPLIT_NO_ROOM, SPLIT_SLOWER, tokens_left_after_split
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
@@ -44,24 +45,28 @@ if TYPE_CHECKING:
 
 
 def available_policies() -> list[str]:
+    """What ``--policies`` may name: the router's policies and the rivals' formulas (sim/rivals/)."""
+    from kvmesh.cluster.measure.sim.rivals import COMPARED
+
+    return list(COMPARED)
+
+
+def default_policies() -> list[str]:
+    """What ``kvmesh sim`` runs without ``--policies``: the router's policies (the rivals run when named)."""
     from kvmesh.router.routing.policies import POLICIES
 
     return list(POLICIES)
 
 
-def default_policies() -> list[str]:
-    """What ``kvmesh sim`` runs without ``--policies``: every registered policy but the peers' formulas."""
-    from kvmesh.router.routing.policies import PEER_POLICIES, POLICIES
-
-    return [name for name in POLICIES if name not in PEER_POLICIES]
-
-
 def build_policy(name: str, config: SimConfig, seed: int) -> Policy:
-    """Policy ``name`` with the knobs of ``config.policy_kwargs`` it takes and the replicas' step budget."""
+    """Policy ``name`` (the router's or a rival's) with the knobs of ``config.policy_kwargs`` it takes and the
+    replicas' step budget."""
+    from kvmesh.cluster.measure.sim.rivals import COMPARED
     from kvmesh.router.routing.policies import get_policy, policy_config, with_step_budget
 
     options = with_step_budget(name, config.policy_kwargs, config.engine.max_num_batched_tokens)
-    return get_policy(name, policy_config(name, options, drop_unknown=True), config.engine.block_size, seed)
+    return get_policy(name, policy_config(name, options, drop_unknown=True, registry=COMPARED),
+                      config.engine.block_size, seed, registry=COMPARED)
 
 
 class SimRouter:
@@ -75,7 +80,7 @@ class SimRouter:
 
         self.block_size = config.engine.block_size
         self.config = config
-        section = replace(config.router, policy=policy, policy_kwargs={})
+        section = replace(config.router, policy_kwargs={})  # the policy is built here (a rival is no router's)
         self.routers = [build_router(section, DEFAULT_ROUTER_SEED, build_policy(policy, config, config.seed + k))
                         for k in range(config.num_routers)]
         self.prefill_ids: list[str] = []
@@ -148,11 +153,12 @@ class SimRouter:
 
     def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> str | None:
         """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""
-        loads = {r: router.loads.loads[r] for r in self.prefill_ids}
+        candidates = Candidates.of(router.replicas.prefill())
+        loads = candidates.loads
         matches = router.index.match(keys, now=req.arrival_s)
         device = {r: m for r, m in matches.items() if r in loads}  # the prefill replicas' pools (no host tier)
-        chosen = router.policy.choose(keys, TierMatches(device), loads, req.num_prompt_tokens)
-        return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen)
+        chosen = router.policy.choose(keys, TierMatches(device), candidates, req.num_prompt_tokens)
+        return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen.id)
 
     def _split(self, req: SimRequest, k: int, keys: list[int], pid: str) -> None:
         """Send ``req``'s prompt to prefill replica ``pid`` first (a leg the loop runs there)."""

@@ -124,9 +124,10 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
 def _scraping(policy: str, config: SimConfig) -> SimConfig:
     """``config`` for ``policy``: polling every replica's ``/load`` as often as the system it models scrapes its
     metrics (``Policy.scrape_interval_s``), unless a poll is set."""
+    from kvmesh.cluster.measure.sim.rivals import COMPARED
     from kvmesh.router.routing.policies import policy_class
 
-    every = policy_class(policy).scrape_interval_s
+    every = policy_class(policy, COMPARED).scrape_interval_s
     return replace(config, load_poll_s=every) if every and not config.load_poll_s else config
 
 

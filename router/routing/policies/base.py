@@ -1,20 +1,22 @@
 """The routing policy interface: pure (no I/O), fast, called once per request.
 
-``decide(request_keys, tiers, loads, num_prompt_tokens=None, lora_name=None, pinned=None) -> Choice``: the
+``decide(request_keys, tiers, candidates, num_prompt_tokens=None, lora_name=None, pinned=None) -> Choice``: the
 replica and the request's estimate there (``KVRouter.route`` calls it once per request); ``choose`` is the replica
-alone.
+alone. A policy is handed the replicas themselves and answers with one of them.
 
 - ``request_keys``: the request's router keys (one per full prompt block, router/routing/keys.py).
 - ``tiers``: the leading blocks of the prompt each replica holds, per tier (``PrefixIndex.match_tiers``,
   router/routing/tier_matches.py): ``tiers.device`` in its GPU pool, ``tiers.host`` in its host-memory tier
-  (empty until a replica announces one); replicas holding nothing may be absent, replicas not in ``loads``
-  are ignored. Policies that do not price tiers read ``tiers.device`` alone (or nothing).
-- ``loads``: the *candidate* replicas (healthy ones), id -> ``ReplicaLoad`` (router/routing/load.py).
+  (empty until a replica announces one), read for a candidate ``r`` as ``tiers.device.get(r.id, 0)``; replicas
+  holding nothing may be absent. Policies that do not price tiers read ``tiers.device`` alone (or nothing).
+- ``candidates``: the replicas the request may go to (healthy ones; router/routing/candidates.py), their records
+  in the router's order: a policy reads a candidate's load and measured rates from ``replica.load``
+  (``ReplicaLoad``, router/replicas/load.py) and prices them all through ``candidates.loads`` (router/routing/cost/).
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 - ``lora_name``: the LoRA adapter the request names (None: the base model); ``cache_aware`` prices its load.
 
-``keeps_session(pinned, choice, keys, matches, ...)`` decides whether a session's pin (``decide``'s ``pinned``)
-overrides the policy's choice (``matches``: the device tier's).
+``keeps_session(pinned, choice, keys, tiers, candidates, ...)`` decides whether a session's pin (``decide``'s
+``pinned``, a candidate) overrides the policy's choice.
 
 A policy's tuning knobs are one frozen dataclass, its ``config_type`` (``CacheAwareConfig``, as
 sgl-router's), checked when it is built; ``policies.policy_config`` builds it from the options a user
@@ -24,21 +26,16 @@ wrote (``router.policy_kwargs``) with an error that names a bad knob.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all, price_one
 from kvmesh.router.routing.tier_matches import TierMatches
 
-"""How the router names a replica (its spec's id over HTTP, an int in the simulator)."""
-Matches = Mapping[ReplicaId, int]
-"""Replica id -> leading blocks of the prompt it holds (one tier's; ``TierMatches`` holds both)."""
-Loads = Mapping[ReplicaId, ReplicaLoad]
-"""The candidate replicas and what the router knows of their load."""
 PolicyOptions = dict[str, int | float | str | bool]
 """A policy's knobs as a user writes them (``router.policy_kwargs``, ``--policy-kwargs K=V``), before
 ``policies.policy_config`` checks and converts them to its ``PolicyConfig``."""
@@ -52,8 +49,8 @@ DEFAULT_DECODE_STEP_TOKENS = 8192.0
 class Choice:
     """A policy's answer for one request: where it goes and what it is predicted to cost there."""
 
-    replica_id: ReplicaId
-    """The chosen candidate (a key of the loads the policy was given)."""
+    replica: Replica
+    """The chosen candidate (one of the records the policy was given)."""
     estimate: TTFTEstimate | None
     """The request's estimate on it (router/routing/cost/); None: not priced (not a candidate)."""
     prices: Prices | None = None
@@ -117,42 +114,42 @@ class Policy:
         ``choose`` still gets the candidates). A policy used without a router is never given one."""
 
 
-    def price(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+    def price(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Prices:
         """Every candidate's predicted time for the request, in seconds (router/routing/cost/: the one price)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
-                         lora_name)
+        return price_all(candidates.loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens,
+                         self.pulls, lora_name)
 
-    def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+    def decide(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
                num_prompt_tokens: int | None = None, lora_name: str | None = None,
-               pinned: ReplicaId | None = None) -> Choice:
+               pinned: Replica | None = None) -> Choice:
         """The chosen candidate with the request's estimate there: the policy's pick, or ``pinned`` (the replica of
         the request's session, a candidate) while ``keeps_session`` keeps it. A policy that does not price chooses,
         then the replica it answers with is priced alone."""
-        chosen = self.choose(request_keys, tiers, loads, num_prompt_tokens, lora_name)
-        kept = pinned is not None and pinned != chosen and self.keeps_session(
-            pinned, Choice(chosen, None), request_keys, tiers.device, loads, num_prompt_tokens)
+        chosen = self.choose(request_keys, tiers, candidates, num_prompt_tokens, lora_name)
+        kept = pinned is not None and pinned is not chosen and self.keeps_session(
+            pinned, Choice(chosen, None), request_keys, tiers, candidates, num_prompt_tokens)
         if kept:
             chosen = pinned
-        return Choice(chosen, self._priced(chosen, request_keys, tiers, loads, num_prompt_tokens, lora_name),
+        return Choice(chosen, self._priced(chosen, request_keys, tiers, candidates, num_prompt_tokens, lora_name),
                       by_session=kept)
 
-    def _priced(self, candidate: ReplicaId, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+    def _priced(self, candidate: Replica, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
                 num_prompt_tokens: int | None, lora_name: str | None) -> TTFTEstimate | None:
-        """The request's estimate on ``candidate`` alone (None: not among ``loads``)."""
-        if candidate not in loads:
+        """The request's estimate on ``candidate`` alone (None: not among ``candidates``)."""
+        if candidate.id not in candidates.loads:
             return None
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        return price_one(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
-                         lora_name, candidate)
+        return price_one(candidates.loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens,
+                         self.pulls, lora_name, candidate.id)
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Replica:
         raise NotImplementedError
 
-    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int],
-                      matches: Matches, loads: Loads, num_prompt_tokens: int | None = None) -> bool:
+    def keeps_session(self, pinned: Replica, choice: Choice, request_keys: Sequence[int], tiers: TierMatches,
+                      candidates: Candidates, num_prompt_tokens: int | None = None) -> bool:
         """Whether a request of a session pinned to ``pinned`` stays there although the policy made ``choice``
         (router/routing/session.py). Baselines know no cost: the pin always holds."""
         return True

@@ -23,16 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from kvmesh.router.replicas.replica import Replica
+from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.cost import Prices
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
     Choice,
-    Loads,
-    Matches,
     Policy,
     PolicyConfig,
     PolicyOptions,
-    ReplicaId,
 )
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
@@ -79,43 +78,47 @@ class CacheAwarePolicy(Policy):
         self._tie = 0
         self.step_tokens = self.config.decode_step_tokens
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        return self.decide(request_keys, tiers, loads, num_prompt_tokens, lora_name).replica_id
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Replica:
+        return self.decide(request_keys, tiers, candidates, num_prompt_tokens, lora_name).replica
 
-    def decide(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+    def decide(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
                num_prompt_tokens: int | None = None, lora_name: str | None = None,
-               pinned: ReplicaId | None = None) -> Choice:
-        check_candidates(loads)
-        prices = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
-        chosen = self._cheapest(prices)
-        kept = pinned is not None and pinned != chosen and self.keeps_session(
-            pinned, Choice(chosen, None, prices), request_keys, tiers.device, loads, num_prompt_tokens)
+               pinned: Replica | None = None) -> Choice:
+        check_candidates(candidates)
+        prices = self.price(request_keys, tiers, candidates, num_prompt_tokens, lora_name)
+        chosen = self._cheapest(prices, candidates)
+        kept = pinned is not None and pinned is not chosen and self.keeps_session(
+            pinned, Choice(chosen, None, prices), request_keys, tiers, candidates, num_prompt_tokens)
         if kept:
             chosen = pinned
-        return Choice(chosen, prices[chosen], prices, by_session=kept)
+        return Choice(chosen, prices[chosen.id], prices, by_session=kept)
 
-    def _cheapest(self, prices: Prices) -> ReplicaId:
+    def _cheapest(self, prices: Prices, candidates: Candidates) -> Replica:
+        """The candidate priced soonest (``prices`` names each by its record's id)."""
         choice, ids = prices.choice, prices.ids  # per row, candidates in order (cost/prices.py)
         best = float(choice.min())
         t = self.config.temperature
         if t > 0:
             rows = prices.rows
             weights = [math.exp((best - cost) / t) for cost in choice[rows].tolist()]
-            return self.rng.choices([ids[row] for row in rows.tolist()], weights)[0]
-        ties = np.flatnonzero(choice <= best * (1 + 1e-9))
-        if len(ties) > 1:  # as soon, then the least work: a burst sharing a new prefix waits for its holder
-            own = prices.own_tokens[ties]
-            ties = ties[own == own.min()]
-        if len(ties) == 1:
-            return ids[ties[0]]
-        self._tie += 1
-        return ids[ties[self._tie % len(ties)]]
+            row = self.rng.choices(rows.tolist(), weights)[0]
+        else:
+            ties = np.flatnonzero(choice <= best * (1 + 1e-9))
+            if len(ties) > 1:  # as soon, then the least work: a burst sharing a new prefix waits for its holder
+                own = prices.own_tokens[ties]
+                ties = ties[own == own.min()]
+            if len(ties) > 1:
+                self._tie += 1
+            row = ties[self._tie % len(ties)] if len(ties) > 1 else ties[0]
+        chosen = candidates.named(ids[row])
+        assert chosen is not None  # prices are the candidates'
+        return chosen
 
-    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], matches: Matches,
-                      loads: Loads, num_prompt_tokens: int | None = None) -> bool:
-        chosen, prices = choice.replica_id, choice.prices
-        if prices is None or pinned not in prices or chosen not in prices:
-            prices = self.price(request_keys, TierMatches(matches), {pinned: loads[pinned], chosen: loads[chosen]},
+    def keeps_session(self, pinned: Replica, choice: Choice, request_keys: Sequence[int], tiers: TierMatches,
+                      candidates: Candidates, num_prompt_tokens: int | None = None) -> bool:
+        chosen, prices = choice.replica, choice.prices
+        if prices is None or pinned.id not in prices or chosen.id not in prices:
+            prices = self.price(request_keys, TierMatches(tiers.device), candidates.only(pinned, chosen),
                                 num_prompt_tokens)
-        return prices[pinned].choice_s <= prices[chosen].choice_s + self.config.session_slack_s
+        return prices[pinned.id].choice_s <= prices[chosen.id].choice_s + self.config.session_slack_s

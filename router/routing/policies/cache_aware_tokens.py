@@ -60,34 +60,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import attrgetter
 
-import numpy as np
-from kvmesh.kvcache.reuse import reusable_blocks
-from kvmesh.router.routing.cost import FleetRates
-from kvmesh.router.routing.cost.estimate import adapter_s
+from kvmesh.router.replicas.replica import Replica
+from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
-from kvmesh.router.routing.cost.stored_tokens import pulls_possible, stored_tokens
-from kvmesh.router.routing.policies.base import (
-    Choice,
-    Loads,
-    Matches,
-    Policy,
-    ReplicaId,
-)
+from kvmesh.router.routing.policies.base import Choice
+from kvmesh.router.routing.policies.cache_aware_tokens_columns import cheapest_rows
 from kvmesh.router.routing.policies.cache_aware_tokens_config import CacheAwareTokensConfig
+from kvmesh.router.routing.policies.cache_aware_tokens_cost import TokensCost
 from kvmesh.router.routing.policies.no_replica import check_candidates
-from kvmesh.router.routing.tier_matches import TierMatches
+from kvmesh.router.routing.tier_matches import Matches, TierMatches
 
-_RECENT_PREFILL = attrgetter("recent_prefill")
-_EVICTING = attrgetter("evicting")
 COLUMNS_FROM_CANDIDATES = 64
 """Candidates from which ``choose`` prices them in one numpy pass (below, numpy's fixed cost per call outweighs the
 loop's: 0.12 against 0.10 ms per decision at 16 replicas, 0.14 against 0.15 at 128, ``kvmesh bench
 route_scaling``)."""
 
 
-class CacheAwareTokensPolicy(Policy):
+class CacheAwareTokensPolicy(TokensCost):
     name = "cache_aware_tokens"
     config_type = CacheAwareTokensConfig
     config: CacheAwareTokensConfig
@@ -106,163 +96,65 @@ class CacheAwareTokensPolicy(Policy):
     def prices_pulls(self) -> bool:
         return self.config.price_pulls
 
-    def costs(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
-              num_prompt_tokens: int | None = None, pullable: Matches | None = None) -> dict[ReplicaId, float]:
-        """Cost of every candidate replica (for metrics and tests; ``pullable``: ``TierMatches.pullable``)."""
-        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        bs, w, get = self.block_size, self.config.decode_weight, matches.get
-        churn, wb, busy = self._churn_factor(loads), self._backlog_weight(loads), self._busy(loads)
-        if self._prices_stored(loads):
-            return self._stored_costs(prompt, matches, loads, churn, wb, busy, pullable)
-        out = {}
-        for rid, load in loads.items():
-            uncached: float = prompt - bs * get(rid, 0)
-            uncached = uncached if uncached > 0 else 0
-            backlog = load.prefill_backlog
-            steps = self._steps(backlog + uncached)
-            if churn:
-                uncached *= self._turnover(churn * load.recent_prefill, max(load.evicting, busy))
-            out[rid] = uncached + self._backlog_cost(backlog, wb) + w * steps * load.decode_load
-        return out
-
-    def _plans_pulls(self) -> bool:
-        """Pulls are priced and the router plans them (``use_pulls``)."""
-        return self.config.price_pulls and self.pulls is not None and self.pulls.enabled
-
-    def _ghost_weight(self, pulls_priced: bool) -> float:
-        """``ghost_weight``, or where unset 1 when this decision prices pulls (the copy a pull makes) and 0 else."""
-        g = self.config.ghost_weight
-        return g if g is not None else 1.0 if pulls_priced else 0.0
-
-    def _prices_stored(self, loads: Loads) -> bool:
-        """Eviction damage or pulls are priced for these candidates (``_stored_costs``)."""
-        if self.config.price_pulls and pulls_possible(self.pulls, loads):
-            return True
-        return bool(self._ghost_weight(False) and any(load.comeback for load in loads.values()))
-
-    def _stored_costs(self, prompt: int, matches: Matches, loads: Loads, churn: float, wb: float, busy: float,
-                      pullable: Matches | None = None) -> dict[ReplicaId, float]:
-        """``costs`` with the new tokens priced by cost/stored_tokens.py: pulled ones at the pull's share, plus the
-        eviction damage of storing them, and the computed ones once more per pull landing on the candidate."""
-        c = self.config
-        pulls = self.pulls if c.price_pulls and pulls_possible(self.pulls, loads) else None
-        stored = stored_tokens(prompt, matches, loads, self.block_size, pulls, self._ghost_weight(pulls is not None),
-                               pullable)
-        out = {}
-        for rid, load in loads.items():
-            s, backlog = stored[rid], load.prefill_backlog
-            steps = self._steps(backlog + s.computed)
-            price = s.price * self._turnover(churn * load.recent_prefill, max(load.evicting, busy)) if churn and s.price \
-                else s.price
-            out[rid] = price + s.damage + self._backlog_cost(backlog, wb) + c.decode_weight * steps * load.decode_load
-            if load.landing_pulls:  # computed ahead of each pull landing there: it waits through them
-                out[rid] += load.landing_pulls * s.computed
-        return out
-
-    def _steps(self, prefill_tokens: float) -> float:
-        """Engine steps until ``prefill_tokens`` (queued + this request's uncached) are computed, >= 1."""
-        steps = prefill_tokens / self.config.decode_step_tokens
-        return steps if steps > 1 else 1.0
-
-    def _backlog_cost(self, backlog: float, wb: float) -> float:
-        """Queued prefill at weight ``wb`` (``_backlog_weight``), in full past ``backlog_release_tokens``."""
-        release = self.config.backlog_release_tokens
-        return wb * backlog + ((1 - wb) * (backlog - release) if backlog > release else 0.0)
-
-    def _backlog_weight(self, loads: Loads) -> float:
-        """``backlog_weight`` on an evicting fleet, ``filling_backlog_weight`` on a filling one, in between by the
-        candidates' mean ``evicting``."""
-        c = self.config
-        fill, wb = c.filling_backlog_weight, c.backlog_weight
-        if fill is None or fill == wb:
-            return wb
-        return wb + (fill - wb) * (1 - sum(map(_EVICTING, loads.values())) / len(loads))
-
     @staticmethod
-    def _prices_adapter(lora_name: str | None, loads: Loads) -> bool:
+    def _prices_adapter(lora_name: str | None, candidates: Candidates) -> bool:
         """The request names an adapter some candidate reports (its load then counts, in seconds)."""
         if lora_name is None:
             return False
-        return any(load.lora is not None and lora_name in load.lora.adapters for load in loads.values())
+        return any(r.load.lora is not None and lora_name in r.load.lora.adapters for r in candidates)
 
-    def _busy(self, loads: Loads) -> float:
-        """With ``busy_turnover``, the share of candidates with requests queued or running (0: off; 1 with
-        ``turnover_while_filling``, so every replica's turnover counts whole)."""
-        if self.config.turnover_while_filling:
-            return 1.0
-        if not self.config.busy_turnover:
-            return 0.0
-        return sum(1 for load in loads.values() if load.prefill_backlog or load.decode_load) / len(loads)
+    def keeps_session(self, pinned: Replica, choice: Choice, request_keys: Sequence[int], tiers: TierMatches,
+                      candidates: Candidates, num_prompt_tokens: int | None = None) -> bool:
+        chosen = choice.replica
+        costs = self.costs(request_keys, tiers.device, candidates.only(pinned, chosen), num_prompt_tokens)
+        return costs[pinned.id] <= costs[chosen.id] + self.config.session_slack_tokens
 
-    def _churn_factor(self, loads: Loads) -> float:
-        """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
-        if not self.config.churn_weight:
-            return 0.0
-        total = sum(map(_RECENT_PREFILL, loads.values()))
-        return len(loads) / total if total > 0 else 0.0
-
-    def _turnover(self, ratio: float, evicting: float) -> float:
-        """What one uncached token costs on a replica at ``ratio`` of the mean intake, ``evicting`` as it is."""
-        clamp = self.config.churn_clamp
-        ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
-        return 1 + self.config.churn_weight * evicting * (ratio - 1)
-
-    def keeps_session(self, pinned: ReplicaId, choice: Choice, request_keys: Sequence[int], matches: Matches,
-                      loads: Loads, num_prompt_tokens: int | None = None) -> bool:
-        chosen = choice.replica_id
-        costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
-                           num_prompt_tokens)
-        return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
-
-    def ttft_s(self, request_keys: Sequence[int], matches: Matches, host_matches: Matches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None,
-               pullable: Matches | None = None) -> dict[ReplicaId, float]:
-        """Estimated seconds to first token on every candidate (see "Tiers, in seconds" above), with the load of
-        ``lora_name`` where it is not resident (``cost.estimate.adapter_s``)."""
-        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        usable = reusable_blocks(prompt, self.block_size)  # an engine computes at least the last token
-        device, host = matches.get, host_matches.get
-        extra = {rid: max(0, min(host(rid, 0), usable) - device(rid, 0)) for rid in loads}
-        either = {rid: device(rid, 0) + extra[rid] for rid in loads}
-        costs = self.costs(request_keys, either, loads, prompt, pullable)
-        rates = [load.prefill_tokens_per_s for load in loads.values() if load.prefill_tokens_per_s]
-        mean_rate = sum(rates) / len(rates) if rates else None
-        if mean_rate is None:
-            return costs
-        fleet = FleetRates.of(loads.values()) if lora_name is not None else None
-        return {rid: costs[rid] / (load.prefill_tokens_per_s or mean_rate) + load.load_back_s(extra[rid])
-                + (adapter_s(load, fleet, lora_name) if fleet is not None else 0.0)
-                for rid, load in loads.items()}
-
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        check_candidates(loads)
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Replica:
+        check_candidates(candidates)
         c, matches, host_matches = self.config, tiers.device, tiers.host
-        if host_matches or c.temperature > 0 or self._prices_adapter(lora_name, loads) or self._prices_stored(loads):
-            costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens, lora_name, tiers.pullable)
+        priced = host_matches or c.temperature > 0 or self._prices_adapter(lora_name, candidates)
+        if priced or self._prices_stored(candidates):
+            costs = (self.ttft_s(request_keys, matches, host_matches, candidates, num_prompt_tokens, lora_name,
+                                 tiers.pullable)
                      if host_matches or lora_name is not None
-                     else self.costs(request_keys, matches, loads, num_prompt_tokens, tiers.pullable))
-            best = min(costs.values())
-            if c.temperature <= 0:
-                ties = [rid for rid, cost in costs.items() if cost == best]
-                if len(ties) == 1:
-                    return ties[0]
-                self._tie += 1
-                return ties[self._tie % len(ties)]
-            t = c.temperature
-            weights = [math.exp((best - cost) / t) for cost in costs.values()]
-            return self.rng.choices(list(costs), weights)[0]
+                     else self.costs(request_keys, matches, candidates, num_prompt_tokens, tiers.pullable))
+            return self._cheapest(costs, candidates)
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        loads = candidates.loads
         if type(loads) is CandidateLoads and len(loads) >= COLUMNS_FROM_CANDIDATES:  # no ABC isinstance per request
-            return self._choose_from_columns(prompt, matches, loads)
-        # One pass, fields read directly (this runs once per request over every candidate).
-        bs, w, wb, get = self.block_size, c.decode_weight, self._backlog_weight(loads), matches.get
-        churn, release, busy = self._churn_factor(loads), c.backlog_release_tokens, self._busy(loads)
+            return self._one_of(candidates, cheapest_rows(c, self.block_size, prompt, matches, loads).tolist())
+        return self._one_of(candidates, self._cheapest_walk(prompt, matches, candidates))
+
+    def _cheapest(self, costs: dict[str, float], candidates: Candidates) -> Replica:
+        """The candidate of the lowest cost (``costs`` by id, in the candidates' order): ties rotate, or with
+        ``temperature`` sampled."""
+        best = min(costs.values())
+        if self.config.temperature <= 0:
+            return self._one_of(candidates, [i for i, cost in enumerate(costs.values()) if cost == best])
+        t = self.config.temperature
+        weights = [math.exp((best - cost) / t) for cost in costs.values()]
+        return candidates[self.rng.choices(range(len(costs)), weights)[0]]
+
+    def _one_of(self, candidates: Candidates, ties: Sequence[int]) -> Replica:
+        """The candidate at ``ties[0]``, or the next in turn among several tied (an idle fleet fills evenly)."""
+        if len(ties) == 1:
+            return candidates[int(ties[0])]
+        self._tie += 1
+        return candidates[int(ties[self._tie % len(ties)])]
+
+    def _cheapest_walk(self, prompt: int, matches: Matches, candidates: Candidates) -> list[int]:
+        """The positions of the cheapest candidates, in one pass with the fields read directly (this runs once per
+        request over every candidate): ``costs``' arithmetic inlined."""
+        c = self.config
+        bs, w, wb, get = self.block_size, c.decode_weight, self._backlog_weight(candidates), matches.get
+        churn, release, busy = self._churn_factor(candidates), c.backlog_release_tokens, self._busy(candidates)
         cw, hi = c.churn_weight, c.churn_clamp
         lo, step = 1 / hi, c.decode_step_tokens
         best_cost, ties = math.inf, []
-        for rid, load in loads.items():
-            cached = get(rid)
+        for i, replica in enumerate(candidates):
+            load = replica.load
+            cached = get(replica.id)
             cost: float = prompt - bs * cached if cached else prompt
             if cost < 0:
                 cost = 0
@@ -276,45 +168,7 @@ class CacheAwareTokensPolicy(Policy):
             if backlog > release:
                 cost += (1 - wb) * (backlog - release)
             if cost < best_cost:
-                best_cost, ties = cost, [rid]
+                best_cost, ties = cost, [i]
             elif cost == best_cost:
-                ties.append(rid)
-        if len(ties) == 1:
-            return ties[0]
-        self._tie += 1
-        return ties[self._tie % len(ties)]
-
-    def _choose_from_columns(self, prompt: int, matches: Matches, loads: CandidateLoads) -> ReplicaId:
-        """``choose``'s loop as one numpy pass over the candidates' rows of the load columns: the same arithmetic in
-        the same order, so the same floats and the same choice (tests/router/test_tokens_policy_columns.py)."""
-        c, cols, rows = self.config, loads.columns, loads.rows
-        cached = np.zeros(len(cols.ids), dtype=np.int64)
-        row_of = cols.row
-        for rid, blocks in matches.items():
-            row = row_of(rid)
-            if row is not None:
-                cached[row] = blocks
-        cost = np.maximum(prompt - self.block_size * cached[rows], 0).astype(np.float64)  # [k] uncached tokens
-        backlog, decode = cols.backlog[rows], cols.batch[rows]
-        steps = np.maximum((backlog + cost) / c.decode_step_tokens, 1.0)
-        recent = cols.recent_prefill[rows]
-        total = sum(recent.tolist()) if c.churn_weight else 0.0  # summed as _churn_factor sums, in row order
-        evicting = cols.evicting[rows]
-        if total > 0:
-            busy = 1.0 if c.turnover_while_filling else \
-                np.count_nonzero((backlog != 0) | (decode != 0)) / len(rows) if c.busy_turnover else 0.0
-            g = np.maximum(evicting, busy)
-            x = np.clip((len(rows) / total) * recent, 1 / c.churn_clamp, c.churn_clamp)
-            cost = np.where((cost != 0) & (g != 0), cost * (1 + c.churn_weight * g * (x - 1)), cost)
-        fill, wb = c.filling_backlog_weight, c.backlog_weight
-        if fill is not None and fill != wb:
-            wb += (fill - wb) * (1 - sum(evicting.tolist()) / len(rows))
-        cost = cost + (wb * backlog + c.decode_weight * steps * decode)
-        release = c.backlog_release_tokens
-        if release < math.inf:
-            cost = np.where(backlog > release, cost + (1 - wb) * (backlog - release), cost)
-        ties = np.flatnonzero(cost == cost.min())
-        if len(ties) == 1:
-            return cols.ids[rows[ties[0]]]
-        self._tie += 1
-        return cols.ids[rows[ties[self._tie % len(ties)]]]
+                ties.append(i)
+        return ties

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.replicas.replica import Replica
+from kvmesh.router.routing.candidates import Candidates
+from kvmesh.router.routing.policies.base import Policy, PolicyConfig
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -27,8 +29,8 @@ class LeastLoadedPolicy(Policy):
     config_type = LeastLoadedConfig
     config: LeastLoadedConfig
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        check_candidates(loads)
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Replica:
+        check_candidates(candidates)
         w = self.config.decode_weight
-        return min(loads, key=lambda r: loads[r].prefill_backlog + w * loads[r].decode_load)
+        return min(candidates, key=lambda r: r.load.prefill_backlog + w * r.load.decode_load)

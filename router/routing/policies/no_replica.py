@@ -12,7 +12,7 @@ class NoReplicaError(RuntimeError):
     """No candidate replica was given to a policy (every replica is unhealthy or none exists)."""
 
 
-def check_candidates(loads: Sized) -> None:
-    """Raise ``NoReplicaError`` when ``loads`` holds no candidate replica."""
-    if not loads:
+def check_candidates(candidates: Sized) -> None:
+    """Raise ``NoReplicaError`` when there is no candidate replica."""
+    if not candidates:
         raise NoReplicaError("no healthy replica to route to; start or register a replica")

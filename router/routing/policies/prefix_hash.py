@@ -12,8 +12,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import xxhash
+from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.replicas.replica_set import ReplicaSet
-from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.candidates import Candidates
+from kvmesh.router.routing.policies.base import Policy, PolicyConfig
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -49,40 +51,41 @@ class PrefixHashPolicy(Policy):
         self._ring_version: int | None = None
         """The set's ``members_version`` the ring was built for."""
         self._ring_points: list[int] = []
-        self._ring_owners: list[ReplicaId] = []
+        self._ring_owners: list[Replica] = []
 
     def use_replicas(self, replicas: ReplicaSet) -> None:
         self._replicas, self._ring_version = replicas, None
 
-    def _ring(self, ids: Iterable[ReplicaId]) -> tuple[list[int], list[ReplicaId]]:
-        points = sorted(
-            (xxhash.xxh3_64_intdigest(f"{rid}#{v}".encode()), rid)
-            for rid in ids for v in range(self.config.virtual_nodes)
-        )
-        return [p for p, _ in points], [rid for _, rid in points]
+    def _ring(self, records: Iterable[Replica]) -> tuple[list[int], list[Replica]]:
+        """Each replica's virtual nodes, placed by the hash of its id (the same ring in every router)."""
+        points = sorted(((xxhash.xxh3_64_intdigest(f"{r.id}#{v}".encode()), r.id, r)
+                         for r in records for v in range(self.config.virtual_nodes)), key=lambda p: p[:2])
+        return [p for p, _, _ in points], [r for _, _, r in points]
 
-    def _current_ring(self, loads: Loads) -> tuple[list[int], list[ReplicaId]]:
+    def _current_ring(self, candidates: Candidates) -> tuple[list[int], list[Replica]]:
         replicas = self._replicas
         if replicas is None:
-            return self._ring(loads)
+            return self._ring(candidates)
         if self._ring_version != replicas.members_version:
-            self._ring_points, self._ring_owners = self._ring(r.id for r in replicas.records())
+            self._ring_points, self._ring_owners = self._ring(replicas.records())
             self._ring_version = replicas.members_version
         return self._ring_points, self._ring_owners
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        check_candidates(loads)
-        points, owners = self._current_ring(loads)
-        chosen = _first_candidate(points, owners, request_keys, self.config.prefix_blocks, loads, self.rng)
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Replica:
+        check_candidates(candidates)
+        points, owners = self._current_ring(candidates)
+        blocks = self.config.prefix_blocks
+        chosen = _first_candidate(points, owners, request_keys, blocks, candidates, self.rng)
         if chosen is None:  # candidates outside the router's set: a ring of their own
-            chosen = _first_candidate(*self._ring(loads), request_keys, self.config.prefix_blocks, loads, self.rng)
+            chosen = _first_candidate(*self._ring(candidates), request_keys, blocks, candidates, self.rng)
+        assert chosen is not None  # a ring of the candidates holds them all
         return chosen
 
 
-def _first_candidate(points: list[int], owners: list[ReplicaId], request_keys: Sequence[int], prefix_blocks: int,
-                     loads: Loads, rng: random.Random) -> ReplicaId | None:
-    """The first owner in ``loads`` clockwise from the prompt's point (None: no owner is a candidate)."""
+def _first_candidate(points: list[int], owners: list[Replica], request_keys: Sequence[int], prefix_blocks: int,
+                     candidates: Candidates, rng: random.Random) -> Replica | None:
+    """The first owner among ``candidates`` clockwise from the prompt's point (None: no owner is a candidate)."""
     n = len(owners)
     if not n:
         return None
@@ -92,6 +95,6 @@ def _first_candidate(points: list[int], owners: list[ReplicaId], request_keys: S
         start = rng.randrange(n)
     for i in range(start, start + n):
         owner = owners[i % n]
-        if owner in loads:
+        if owner in candidates:
             return owner
     return None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.replicas.replica import Replica
+from kvmesh.router.routing.candidates import Candidates
+from kvmesh.router.routing.policies.base import Policy, PolicyConfig
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -16,10 +18,9 @@ class RoundRobinPolicy(Policy):
         super().__init__(config, block_size, seed)
         self._next = 0
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
-        check_candidates(loads)
-        ids = list(loads)
-        replica_id = ids[self._next % len(ids)]
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Replica:
+        check_candidates(candidates)
+        chosen = candidates[self._next % len(candidates)]
         self._next += 1
-        return replica_id
+        return chosen

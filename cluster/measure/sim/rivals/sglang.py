@@ -25,7 +25,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.cluster.measure.sim.rivals.worker_keyed import Loads, Rival
+from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.routing.policies.base import PolicyConfig
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -94,7 +96,7 @@ class ApproximateTree:
                 del self.nodes[key]
 
 
-class SglangPolicy(Policy):
+class SglangPolicy(Rival):
     name = "sglang"
     config_type = SglangConfig
     config: SglangConfig
@@ -122,8 +124,8 @@ class SglangPolicy(Policy):
         smallest = min(sizes.values())
         return self.rng.choice([rid for rid, size in sizes.items() if size == smallest])
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
+    def choose_worker(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+                      num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         check_candidates(loads)
         chosen = self.pick(request_keys, loads)
         self.tree.insert(request_keys, chosen)

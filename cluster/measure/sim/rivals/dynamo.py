@@ -30,7 +30,9 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.cluster.measure.sim.rivals.worker_keyed import Loads, Rival
+from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.routing.policies.base import PolicyConfig
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -103,7 +105,7 @@ class ActiveBlocks:
         return found
 
 
-class DynamoPolicy(Policy):
+class DynamoPolicy(Rival):
     name = "dynamo"
     config_type = DynamoConfig
     config: DynamoConfig
@@ -130,8 +132,8 @@ class DynamoPolicy(Policy):
             out[rid] = c.prefill_load_scale * max(0.0, raw_prefill - credit) + active.with_request(keys)
         return out
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
+    def choose_worker(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+                      num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         check_candidates(loads)
         costs = self.costs(request_keys, tiers, loads, num_prompt_tokens)
         best = min(costs.values())

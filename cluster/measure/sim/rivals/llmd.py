@@ -27,7 +27,9 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.cluster.measure.sim.rivals.worker_keyed import Loads, Rival
+from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.routing.policies.base import PolicyConfig
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -126,7 +128,7 @@ class RoutedPrefixes:
         return found
 
 
-class LlmdPolicy(Policy):
+class LlmdPolicy(Rival):
     scrape_interval_s = SCRAPE_INTERVAL_S
     name = "llmd"
     config_type = LlmdConfig
@@ -149,8 +151,8 @@ class LlmdPolicy(Policy):
             total[rid] = c.prefix_weight * prefix + c.queue_weight * queue[rid] + c.kv_cache_weight * kv[rid]
         return total
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
+    def choose_worker(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+                      num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         check_candidates(loads)
         chosen = pick_highest(self.scores(request_keys, loads), self.rng)
         self.history.server(chosen).add(request_keys[:self.max_blocks])

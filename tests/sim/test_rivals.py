@@ -1,15 +1,22 @@
-"""The peers' routing formulas (``dynamo``, ``llmd``, ``llmd_precise``, ``sglang``) pinned on hand-computed cases."""
+"""The rivals' routing formulas (``dynamo``, ``llmd``, ``llmd_precise``, ``sglang``; cluster/measure/sim/rivals/)
+pinned on hand-computed cases; they run through the real router in the simulator and are no router policy."""
 
 from __future__ import annotations
 
 import pytest
+from kvmesh.cluster.measure.sim.rivals import COMPARED
+from kvmesh.cluster.measure.sim.rivals.llmd import LlmdConfig
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.routing.policies import get_policy
-from kvmesh.router.routing.policies.llmd import LlmdConfig
+from kvmesh.router.routing.policies import get_policy as _get_policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt: 64 blocks
+
+
+def get_policy(name, options=None, block_size=BS, seed=None):
+    """A rival by name (the simulator's registry)."""
+    return _get_policy(name, options, block_size, seed, registry=COMPARED)
 
 
 def loads(n=2, **per_replica):
@@ -26,9 +33,9 @@ def test_dynamo_cost_is_prefill_blocks_left_plus_active_blocks():
     policy = get_policy("dynamo", block_size=BS, seed=0)
     costs = policy.costs(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39}))
     assert costs == {"r0": 64 + 64, "r1": (39 + 64 - 40) + 64}
-    assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39})) == "r1"
+    assert policy.choose_worker(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39})) == "r1"
     fresh = get_policy("dynamo", block_size=BS, seed=0)
-    assert fresh.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 41})) == "r0"
+    assert fresh.choose_worker(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 41})) == "r0"
 
 
 def test_dynamo_host_blocks_save_three_quarters_of_a_block():
@@ -39,7 +46,7 @@ def test_dynamo_host_blocks_save_three_quarters_of_a_block():
 
 def test_dynamo_counts_active_blocks_until_the_request_finishes():
     policy = get_policy("dynamo", block_size=BS, seed=0)
-    assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2)) == "r1"
+    assert policy.choose_worker(KEYS, TierMatches({"r1": 40}), loads(2)) == "r1"
     other = list(range(100, 164))
     busy = loads(2, r1={"in_flight": 1})
     assert policy.costs(other, TierMatches(), busy) == {"r0": 128, "r1": 64 + 128}
@@ -50,7 +57,7 @@ def test_dynamo_counts_active_blocks_until_the_request_finishes():
 
 def test_dynamo_breaks_ties_at_random():
     policy = get_policy("dynamo", block_size=BS, seed=1)
-    chosen = {policy.choose([k], TierMatches(), loads(4)) for k in range(200, 240)}
+    chosen = {policy.choose_worker([k], TierMatches(), loads(4)) for k in range(200, 240)}
     assert len(chosen) > 1
 
 
@@ -63,14 +70,14 @@ def test_llmd_default_profile_weights():
                     r2={"num_waiting": 2, "kv_usage": 0.1})
     assert policy.scores(KEYS, scraped) == pytest.approx(
         {"r0": 3 * 0 + 2 * 1.0 + 2 * 0.6, "r1": 3 * 0.5 + 2 * 0.0 + 2 * 0.75, "r2": 3 * 0 + 2 * 0.5 + 2 * 0.9})
-    assert policy.choose(KEYS, TierMatches(), scraped) == "r0"
+    assert policy.choose_worker(KEYS, TierMatches(), scraped) == "r0"
 
 
 def test_llmd_prefix_is_its_own_routing_history_not_the_index():
     policy = get_policy("llmd", block_size=BS, seed=0)
-    first = policy.choose(KEYS, TierMatches({"r1": 64}), loads(2))
+    first = policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2))
     assert policy.scores(KEYS, loads(2))[first] == 3 + 2 + 2
-    assert policy.choose(KEYS, TierMatches({"r1": 64}), loads(2)) == first
+    assert policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2)) == first
 
 
 def test_llmd_history_is_a_bounded_lru_over_leading_blocks():
@@ -87,14 +94,14 @@ def test_llmd_precise_normalises_across_matching_servers():
     tiers = TierMatches({"r0": 10, "r1": 20}, {"r2": 30})  # r2: 30 host blocks = 24 weighted
     scores = policy.scores(tiers, loads(4))
     assert scores == pytest.approx({"r0": 2 * 0.0 + 2, "r1": 2 * 10 / 14 + 2, "r2": 2 * 1.0 + 2, "r3": 2 * 0.0 + 2})
-    assert policy.choose(KEYS, tiers, loads(4)) == "r2"
+    assert policy.choose_worker(KEYS, tiers, loads(4)) == "r2"
 
 
 def test_llmd_precise_one_matching_server_scores_one():
     policy = get_policy("llmd_precise", block_size=BS, seed=0)
     scraped = loads(2, r0={"num_waiting": 3, "kv_usage": 0.9})
     assert policy.scores(TierMatches({"r0": 1}), scraped) == pytest.approx({"r0": 2 + 0 + 0.1, "r1": 0 + 1 + 1})
-    assert policy.choose(KEYS, TierMatches({"r0": 1}), scraped) == "r0"  # one block outweighs its queue and KV
+    assert policy.choose_worker(KEYS, TierMatches({"r0": 1}), scraped) == "r0"  # one block outweighs its queue and KV
     fuller = loads(2, r0={"num_waiting": 3, "kv_usage": 1.0})
     assert policy.scores(TierMatches({"r0": 1}), fuller) == pytest.approx({"r0": 2.0, "r1": 2.0})
 
@@ -107,7 +114,7 @@ def test_sglang_imbalance_needs_both_thresholds():
     assert not policy.imbalanced(loads(2, r0={"in_flight": 100}, r1={"in_flight": 40}))  # 60 <= 64
     assert not policy.imbalanced(loads(2, r0={"in_flight": 200}, r1={"in_flight": 135}))  # 200 <= 202.5
     policy.tree.insert(KEYS, "r0")
-    assert policy.choose(KEYS, TierMatches(), loads(2, r0={"in_flight": 100}, r1={"in_flight": 30})) == "r1"
+    assert policy.choose_worker(KEYS, TierMatches(), loads(2, r0={"in_flight": 100}, r1={"in_flight": 30})) == "r1"
 
 
 def test_sglang_cache_threshold_and_smallest_tree():
@@ -115,13 +122,13 @@ def test_sglang_cache_threshold_and_smallest_tree():
     policy.tree.insert(KEYS, "r0")
     above = KEYS[:20] + list(range(1000, 1044))  # 20 / 64 = 0.3125 > 0.3
     below = KEYS[:19] + list(range(2000, 2045))  # 19 / 64 = 0.297
-    assert policy.choose(above, TierMatches({"r1": 64}), loads(2)) == "r0"
-    assert policy.choose(below, TierMatches(), loads(2)) == "r1"  # r1's tree is empty: the smallest
+    assert policy.choose_worker(above, TierMatches({"r1": 64}), loads(2)) == "r0"
+    assert policy.choose_worker(below, TierMatches(), loads(2)) == "r1"  # r1's tree is empty: the smallest
     assert (policy.tree.size("r0"), policy.tree.size("r1")) == (64 + 44, 64)
 
 
 def test_sglang_tree_evicts_the_least_recently_routed_past_its_size():
-    from kvmesh.router.routing.policies.sglang import SglangConfig
+    from kvmesh.cluster.measure.sim.rivals.sglang import SglangConfig
 
     policy = get_policy("sglang", SglangConfig(max_tree_size_tokens=80 * BS), block_size=BS, seed=0)
     policy.tree.insert(KEYS, "r0")
@@ -132,15 +139,31 @@ def test_sglang_tree_evicts_the_least_recently_routed_past_its_size():
 
 
 @pytest.mark.parametrize("name", ["dynamo", "llmd", "llmd_precise", "sglang"])
-def test_a_peer_policy_is_selectable_in_the_router(name):
-    from kvmesh.router.config import RouterConfig
+def test_a_rival_runs_through_the_real_router(name):
     from kvmesh.router.routing.kv_router import KVRouter
 
-    config = RouterConfig(policy=name)
-    r = KVRouter(block_size=BS, policy=get_policy(name, config.policy_config(), block_size=BS, seed=0), predict_ttl_s=0)
+    r = KVRouter(block_size=BS, policy=get_policy(name, block_size=BS, seed=0), predict_ttl_s=0)
     for rid in ("r0", "r1", "r2"):
         r.add_replica(rid)
     tokens = [3 + i % 250 for i in range(8 * BS)] + [1]
     first = r.route(tokens, now=0.0)
     assert first.replica_id in {"r0", "r1", "r2"}
     assert r.route(tokens, now=1.0).replica_id in {"r0", "r1", "r2"}
+
+
+@pytest.mark.parametrize("name", ["dynamo", "llmd", "llmd_precise", "sglang"])
+def test_naming_a_rival_as_the_router_policy_says_it_runs_in_the_simulator(name):
+    from kvmesh.router.config import RouterConfig
+
+    with pytest.raises(ValueError, match=f"policy {name!r} is another system's routing formula.*kvmesh sim"):
+        RouterConfig(policy=name)
+    with pytest.raises(ValueError, match="not a router policy"):
+        _get_policy(name, block_size=BS)
+
+
+def test_the_routers_list_of_rival_names_is_the_simulators_registry():
+    from kvmesh.cluster.measure.sim.rivals import RIVALS
+    from kvmesh.router.routing.policies import POLICIES, RIVAL_NAMES
+
+    assert set(RIVALS) == RIVAL_NAMES
+    assert not RIVAL_NAMES & set(POLICIES)

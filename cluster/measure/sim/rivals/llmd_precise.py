@@ -22,8 +22,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
-from kvmesh.router.routing.policies.llmd import SCRAPE_INTERVAL_S, kv_cache_scores, pick_highest, queue_scores
+from kvmesh.cluster.measure.sim.rivals.llmd import (
+    SCRAPE_INTERVAL_S,
+    kv_cache_scores,
+    pick_highest,
+    queue_scores,
+)
+from kvmesh.cluster.measure.sim.rivals.worker_keyed import Loads, Rival
+from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.routing.policies.base import PolicyConfig
 from kvmesh.router.routing.policies.no_replica import check_candidates
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -70,7 +77,7 @@ def precise_prefix_scores(tiers: TierMatches, loads: Loads, device_weight: float
             for rid in loads}
 
 
-class LlmdPrecisePolicy(Policy):
+class LlmdPrecisePolicy(Rival):
     scrape_interval_s = SCRAPE_INTERVAL_S
     name = "llmd_precise"
     config_type = LlmdPreciseConfig
@@ -84,7 +91,7 @@ class LlmdPrecisePolicy(Policy):
         return {rid: c.prefix_weight * prefix[rid] + c.queue_weight * queue[rid] + c.kv_cache_weight * kv[rid]
                 for rid in loads}
 
-    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
+    def choose_worker(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+                      num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         check_candidates(loads)
         return pick_highest(self.scores(tiers, loads), self.rng)
