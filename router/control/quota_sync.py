@@ -72,6 +72,9 @@ class QuotaSync:
         """Start an exchange unless one runs; degrade when none succeeded for ``stale_s``."""
         now = self.clock()
         if now - (self.started if self.last_ok is None else self.last_ok) > self.stale_s:
+            if self.ledger.share >= 1.0:
+                logger.warning("no exchange of tenants' token totals with the other routers for %gs: each tenant's "
+                               "bucket refills here at 1/%d of its rate until one succeeds", self.stale_s, self.alive)
             self.ledger.degrade(self.alive)
         if self._running is None or self._running.done():
             self._running = asyncio.ensure_future(self.exchange())
@@ -94,6 +97,8 @@ class QuotaSync:
         self._heard(rows)
         self.ledger.absorb([r for r in rows if r[1] != HEARTBEAT], self.clock(), first=self.last_ok is None)
         self.last_ok = self.clock()
+        if self.ledger.share < 1.0:
+            logger.warning("tenants' token totals exchanged again: each bucket refills at its whole rate")
         self.ledger.degrade(None)
         return True
 
