@@ -95,7 +95,8 @@ class QuotaSync:
             return False
         self.written.update(totals)
         self._heard(rows)
-        self.ledger.absorb([r for r in rows if r[1] != HEARTBEAT], self.clock(), first=self.last_ok is None)
+        others = [r for r in rows if r[1] != HEARTBEAT and not r[0].startswith(self.group + ".")]  # siblings: in
+        self.ledger.absorb(others, self.clock(), first=self.last_ok is None)  # the shared memory already
         self.last_ok = self.clock()
         if self.ledger.share < 1.0:
             logger.warning("tenants' token totals exchanged again: each bucket refills at its whole rate")

@@ -7,11 +7,13 @@ import asyncio
 import math
 
 import pytest
+from kvmesh.replica.openai.responses_api.store_config import ResponsesStoreConfig
+from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.admission.fleet_ledger import FleetLedger
 from kvmesh.router.admission.ledger import LocalLedger
 from kvmesh.router.admission.rate_limit import TokenRate
 from kvmesh.router.control.quota_store import HEARTBEAT, QuotaUnavailable, SQLiteQuotaStore
-from kvmesh.router.control.quota_sync import QuotaSync
+from kvmesh.router.control.quota_sync import QuotaSync, fleet_quota
 
 LIMIT = TokenRate(100.0, 200.0)
 
@@ -184,3 +186,50 @@ def test_a_postgresql_that_does_not_answer_is_a_failed_exchange(tmp_path):
     dsn = f"postgresql://postgres@/postgres?host={tmp_path}"  # no server on that socket
     sync = QuotaSync(FleetLedger(LocalLedger(60.0)), lambda: PostgresQuotaStore(dsn, 1.0), 0.1, 1.0, clock=Clock())
     assert _exchange(sync) == [False] and sync.failures == 1
+
+
+def test_the_workers_of_one_host_never_charge_each_other(store):
+    clock = Clock()
+    (a, sa), (b, sb) = _router(store, clock, "host"), _router(store, clock, "host")  # one shared memory
+    _exchange(sa, sb)
+    b.try_take("team", 150, LIMIT, clock.now)  # in the host's shared bucket already, with a real SharedLedger
+    _exchange(sb, sa)
+    assert a.try_take("team", 200, LIMIT, clock.now) == 0.0
+
+
+def _gate(ledger, admission: AdmissionConfig):
+    from kvmesh.router.admission.decisions import Admission
+
+    class Gate:
+        config, tenants = admission, admission.tenants()
+
+        def share(self, shared) -> None:
+            self.admission.ledger = shared
+
+    gate = Gate()
+    gate.admission = Admission(admission, ledger)
+    return gate
+
+
+def test_a_hosts_worker_0_alone_charges_the_other_hosts_tokens(tmp_path):
+    from kvmesh.router.admission.shared_ledger import SharedLedger
+
+    shared, config = SharedLedger(2, 60.0), AdmissionConfig(tokens_per_s=100.0)
+    responses = ResponsesStoreConfig(path=str(tmp_path / "responses.sqlite3"))
+    syncs = [fleet_quota(_gate(shared.for_row(row), config), responses) for row in (0, 1)]
+    assert [s.ledger.applies for s in syncs] == [True, False]
+    assert {s.group for s in syncs} == {shared.group} and syncs[0].router != syncs[1].router
+
+
+def test_no_exchange_without_a_limit_or_with_fleet_sync_off(tmp_path):
+    responses = ResponsesStoreConfig(path=str(tmp_path / "responses.sqlite3"))
+    assert fleet_quota(_gate(LocalLedger(60.0), AdmissionConfig()), responses) is None
+    off = AdmissionConfig(tokens_per_s=100.0, fleet_sync_s=0)
+    assert fleet_quota(_gate(LocalLedger(60.0), off), responses) is None
+    assert fleet_quota(None, responses) is None
+
+
+@pytest.mark.parametrize("sync_s, stale_s", [(-1.0, 2.0), (0.5, 0.5), (math.nan, 2.0)])
+def test_a_bad_exchange_interval_is_refused_in_the_config(sync_s, stale_s):
+    with pytest.raises(ValueError, match="fleet_sync_s"):
+        AdmissionConfig(fleet_sync_s=sync_s, fleet_stale_s=stale_s)

@@ -48,6 +48,18 @@ def _ms(samples: list[float], q: float) -> float | None:
     return round(1000 * statistics.quantiles(samples, n=100)[int(q) - 1], 1) if len(samples) > 1 else samples[0] * 1000
 
 
+def table(result: dict) -> str:
+    """The runs as a Markdown table (``kvmesh bench report``'s ``fleet_quota`` kind)."""
+    limit = result["setup"]["tokens_per_s"]
+    lines = [f"| routers | heavy tenant served (limit {limit:g} tokens/s) | from its start, burst included | 429s | "
+             "light tenant p50 / p90 beside it | alone |", "|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        beside, alone = r["light_beside_ms"], r["light_alone_ms"]
+        lines.append(f"| {r['routers']} | {r['rate_tokens_per_s']:.1f} tokens/s | {r['from_start_tokens_per_s']:.1f} "
+                     f"| {r['shed_429']} | {beside['p50']} / {beside['p90']} ms | {alone['p50']} / {alone['p90']} ms |")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace, work: Path) -> dict:
     fleet = QuotaFleet(work, args.replicas)
     keys = write_keys(work, args.tokens_per_s, args.burst_tokens)
