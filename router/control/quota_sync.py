@@ -48,6 +48,8 @@ class QuotaSync:
         self.last_ok: float | None = None
         self.started = clock()
         self.failures = 0
+        self.degraded = False
+        """No exchange succeeded for ``stale_s``: the buckets refill at 1 / ``alive`` of their rate."""
         self._running: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
 
@@ -72,9 +74,10 @@ class QuotaSync:
         """Start an exchange unless one runs; degrade when none succeeded for ``stale_s``."""
         now = self.clock()
         if now - (self.started if self.last_ok is None else self.last_ok) > self.stale_s:
-            if self.ledger.share >= 1.0:
+            if not self.degraded:
                 logger.warning("no exchange of tenants' token totals with the other routers for %gs: each tenant's "
                                "bucket refills here at 1/%d of its rate until one succeeds", self.stale_s, self.alive)
+            self.degraded = True
             self.ledger.degrade(self.alive)
         if self._running is None or self._running.done():
             self._running = asyncio.ensure_future(self.exchange())
@@ -98,8 +101,9 @@ class QuotaSync:
         others = [r for r in rows if r[1] != HEARTBEAT and not r[0].startswith(self.group + ".")]  # siblings: in
         self.ledger.absorb(others, self.clock(), first=self.last_ok is None)  # the shared memory already
         self.last_ok = self.clock()
-        if self.ledger.share < 1.0:
+        if self.degraded:
             logger.warning("tenants' token totals exchanged again: each bucket refills at its whole rate")
+        self.degraded = False
         self.ledger.degrade(None)
         return True
 

@@ -139,11 +139,11 @@ def test_a_database_down_splits_the_rate_among_the_routers_last_seen(store):
     assert a.share == 1.0  # not stale yet
     clock.now += 1.0
     asyncio.run(tick())
-    assert a.share == 0.5
+    assert a.share == 0.5 and sa.degraded
     a.try_take("team", 200, LIMIT, clock.now)
     assert a.try_take("team", 50, LIMIT, clock.now) == pytest.approx(1.0)  # 50 tokens at 50/s
     sa.store = store
-    assert _exchange(sa) == [True] and a.share == 1.0
+    assert _exchange(sa) == [True] and a.share == 1.0 and not sa.degraded
 
 
 def test_a_database_that_cannot_be_opened_is_a_failed_exchange_not_a_crash(tmp_path):

@@ -4,8 +4,9 @@
     kvmesh bench fleet_quota --routers 2 --window-s 10 --out /tmp/fleet_quota.json
 
 Emulated replicas (``kvmesh replica --emulate h100-8b``: real tokens through the router's whole path, no model run)
-and N ``kvmesh router`` processes on loopback sharing one state directory, so their tenants' token totals meet in
-its quota.sqlite3 (router/control/quota_sync.py). The heavy tenant (``--tokens-per-s``, ``--burst-tokens``) floods
+and the largest N of ``kvmesh router`` processes on loopback sharing one state directory, so their tenants' token
+totals meet in its quota.sqlite3 (router/control/quota_sync.py); a run through N uses the first N routers and a
+heavy tenant of its own (its bucket full at the start). The heavy tenant (``--tokens-per-s``, ``--burst-tokens``) floods
 every router (support/quota_load.py: each request with another ``user``, a 429 retried after 0.1 s); once its burst is
 spent its served tokens are counted over ``--window-s``. The verdict: each rate within ``--tolerance`` of the limit.
 """
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support.quota_fleet import QuotaFleet, write_keys
+from kvmesh.cluster.measure.benchmarks.support.quota_fleet import QuotaFleet, heavy_key, write_keys
 from kvmesh.cluster.measure.benchmarks.support.quota_load import LoadSettings, flood, light_alone
 
 
@@ -62,8 +63,8 @@ def table(result: dict) -> str:
 
 def run(args: argparse.Namespace, work: Path) -> dict:
     fleet = QuotaFleet(work, args.replicas)
-    keys = write_keys(work, args.tokens_per_s, args.burst_tokens)
-    settings = LoadSettings(model=fleet.model, clients=args.clients, window_s=args.window_s)
+    runs = [int(x) for x in args.routers.split(",")]
+    keys = write_keys(work, runs, args.tokens_per_s, args.burst_tokens)
     result: dict = {"setup": {"tokens_per_s": args.tokens_per_s, "burst_tokens": args.burst_tokens,
                               "replicas": args.replicas, "clients": args.clients, "window_s": args.window_s,
                               "tolerance": args.tolerance}, "runs": []}
@@ -71,24 +72,32 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     try:
         fleet.start_replicas()
         print(f"[{time.monotonic() - t0:5.1f}s] {args.replicas} emulated replicas up", flush=True)
-        for n in [int(x) for x in args.routers.split(",")]:
-            urls = fleet.start_routers(n, keys, work / f"state{n}", args.router_arg)
-            print(f"[{time.monotonic() - t0:5.1f}s] {n} router(s) serving; the heavy tenant floods them", flush=True)
-            alone = asyncio.run(light_alone(urls, settings, args.light_alone_s)) if args.light_alone_s else []
-            got = asyncio.run(flood(urls, settings))
-            fleet.stop_routers()
-            light = got.pop("light")
-            got["light_alone_ms"] = {"p50": _ms(alone, 50), "p90": _ms(alone, 90), "n": len(alone)}
-            got["light_beside_ms"] = {"p50": _ms(light, 50), "p90": _ms(light, 90), "n": len(light)}
-            got["within"] = abs(got["rate_tokens_per_s"] - args.tokens_per_s) <= args.tolerance * args.tokens_per_s
-            result["runs"].append(got)
-            print(f"{n} router(s): {got['rate_tokens_per_s']:.1f} tokens/s (limit {args.tokens_per_s:g}; from the start "
-                  f"{got['from_start_tokens_per_s']:.1f}), {got['shed_429']} x 429, light p50 "
-                  f"{got['light_beside_ms']['p50']} ms (alone {got['light_alone_ms']['p50']})", flush=True)
+        urls = fleet.start_routers(max(runs), keys, work / "state", args.router_arg)
+        print(f"[{time.monotonic() - t0:5.1f}s] {max(runs)} routers serving, one state directory", flush=True)
+        for n in runs:
+            settings = LoadSettings(model=fleet.model, heavy_key=heavy_key(n), clients=args.clients,
+                                    window_s=args.window_s)
+            result["runs"].append(measure(urls[:n], settings, args))
+            got = result["runs"][-1]
+            print(f"[{time.monotonic() - t0:5.1f}s] {n} router(s): {got['rate_tokens_per_s']:.1f} tokens/s (limit "
+                  f"{args.tokens_per_s:g}; from the start {got['from_start_tokens_per_s']:.1f}), {got['shed_429']} x "
+                  f"429, light p50 {got['light_beside_ms']['p50']} ms (alone {got['light_alone_ms']['p50']})",
+                  flush=True)
     finally:
         fleet.stop()
     result["ok"] = all(r["within"] for r in result["runs"]) and bool(result["runs"])
     return result
+
+
+def measure(urls: list[str], settings: LoadSettings, args: argparse.Namespace) -> dict:
+    """One run through ``urls``: the light tenant alone, then the heavy one's flood beside it."""
+    alone = asyncio.run(light_alone(urls, settings, args.light_alone_s)) if args.light_alone_s else []
+    got = asyncio.run(flood(urls, settings))
+    light = got.pop("light")
+    got["light_alone_ms"] = {"p50": _ms(alone, 50), "p90": _ms(alone, 90), "n": len(alone)}
+    got["light_beside_ms"] = {"p50": _ms(light, 50), "p90": _ms(light, 90), "n": len(light)}
+    got["within"] = abs(got["rate_tokens_per_s"] - args.tokens_per_s) <= args.tolerance * args.tokens_per_s
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,25 +15,30 @@ from kvmesh.cluster.measure.benchmarks.support.json_http import call
 from kvmesh.cluster.measure.loadgen.processes import free_port, stop_processes, wait_http
 from kvmesh.cluster.measure.shared_dir import stories_model
 
-READY_TIMEOUT_S = 120.0
-HEAVY_KEY, LIGHT_KEY = "sk-heavy-tenant-0001", "sk-light-tenant-0002"
+READY_TIMEOUT_S = 300.0
+LIGHT_KEY = "sk-light-tenant-0002"
+
+
+def heavy_key(run: int) -> str:
+    """The key of run ``run``'s heavy tenant (``heavy<run>``: each run's bucket its own, starting full)."""
+    return f"sk-heavy-tenant-{run:04d}"
 
 
 def kvmesh(*args: str) -> list[str]:
     return ["nice", "-n", "15", sys.executable, "-m", "kvmesh.cluster.cli", *args]
 
 
-def write_keys(work: Path, tokens_per_s: float, burst_tokens: float) -> Path:
-    """The routers' keys file: the heavy tenant at ``tokens_per_s``, the light one unlimited."""
+def write_keys(work: Path, runs: list[int], tokens_per_s: float, burst_tokens: float) -> Path:
+    """The routers' keys file: a heavy tenant per run at ``tokens_per_s``, the light one unlimited."""
     path = work / "keys.json"
-    path.write_text(json.dumps({"keys": [
-        {"key": HEAVY_KEY, "tenant": "heavy", "tokens_per_s": tokens_per_s, "burst_tokens": burst_tokens},
-        {"key": LIGHT_KEY, "tenant": "light"}]}))
+    heavy = [{"key": heavy_key(n), "tenant": f"heavy{n}", "tokens_per_s": tokens_per_s, "burst_tokens": burst_tokens}
+             for n in runs]
+    path.write_text(json.dumps({"keys": [*heavy, {"key": LIGHT_KEY, "tenant": "light"}]}))
     return path
 
 
 class QuotaFleet:
-    """Replicas once, routers per run (``start_routers`` / ``stop_routers``); ``stop`` ends everything."""
+    """Replicas and routers started once (a run uses the first N routers); ``stop`` ends everything."""
 
     def __init__(self, work: Path, replicas: int) -> None:
         self.work, self.replicas = work, replicas

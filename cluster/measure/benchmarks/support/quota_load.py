@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-from kvmesh.cluster.measure.benchmarks.support.quota_fleet import HEAVY_KEY, LIGHT_KEY
+from kvmesh.cluster.measure.benchmarks.support.quota_fleet import LIGHT_KEY
 
 PROMPT = "Once upon a time there was a little girl who liked to play in the park with her dog"
 
@@ -24,6 +24,8 @@ PROMPT = "Once upon a time there was a little girl who liked to play in the park
 @dataclass(slots=True)
 class LoadSettings:
     model: str
+    heavy_key: str
+    """The heavy tenant's API key."""
     clients: int = 8
     max_tokens: int = 8
     flood_pause_s: float = 0.1
@@ -52,7 +54,7 @@ async def _heavy(session: aiohttp.ClientSession, url: str, n: int, s: LoadSettin
         body = {"model": s.model, "prompt": PROMPT, "max_tokens": s.max_tokens, "user": f"not-heavy-{n}-{i}"}
         try:
             async with session.post(url + "/v1/completions", json=body,
-                                    headers={"Authorization": f"Bearer {HEAVY_KEY}"}) as r:
+                                    headers={"Authorization": f"Bearer {s.heavy_key}"}) as r:
                 answer = await r.json(content_type=None)
                 if r.status == 200:
                     usage = answer["usage"]
