@@ -60,7 +60,7 @@ class SQLiteQuotaStore:
                 os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
             self._db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # no fsync per exchange: a power cut loses a tenth of a second
+            self._db.execute("PRAGMA synchronous=NORMAL")  # no fsync per exchange (a power cut loses 0.1 s)
             self._db.execute(_CREATE)
         except (OSError, sqlite3.DatabaseError) as e:
             raise QuotaUnavailable(f"cannot open the quota file {path}: {e}") from None

@@ -1,4 +1,4 @@
-"""A tenant's token-rate limit through 1, 2 and 4 routers: the rate it is served, and a light tenant's latency beside it.
+"""A tenant's token-rate limit through 1, 2 and 4 routers: the rate it is served, a light tenant's latency beside it.
 
     kvmesh bench fleet_quota                          # results/fleet_quota.json: 100 tokens/s through 1, 2, 4 routers
     kvmesh bench fleet_quota --routers 2 --window-s 10 --out /tmp/fleet_quota.json
@@ -52,8 +52,8 @@ def _ms(samples: list[float], q: float) -> float | None:
 def table(result: dict) -> str:
     """The runs as a Markdown table (``kvmesh bench report``'s ``fleet_quota`` kind)."""
     limit = result["setup"]["tokens_per_s"]
-    lines = [f"| routers | heavy tenant served (limit {limit:g} tokens/s) | from its start, burst included | 429s | "
-             "light tenant p50 / p90 beside it | alone |", "|---|---|---|---|---|---|"]
+    lines = [f"| routers | heavy tenant (limit {limit:g}/s) | from its start | 429s | light p50 / p90 beside it | "
+             "alone |", "|---|---|---|---|---|---|"]
     for r in result["runs"]:
         beside, alone = r["light_beside_ms"], r["light_alone_ms"]
         lines.append(f"| {r['routers']} | {r['rate_tokens_per_s']:.1f} tokens/s | {r['from_start_tokens_per_s']:.1f} "
