@@ -105,7 +105,7 @@ class PostgresQuotaStore:
         pg = self._psycopg
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = pg.connect(self._dsn, connect_timeout=max(1, int(self._timeout_s)))
+                self._conn = pg.connect(self._dsn, connect_timeout=max(1, int(self._timeout_s)), autocommit=True)
             with self._conn.transaction():
                 self._conn.execute(f"SET LOCAL statement_timeout = {int(self._timeout_s * 1000)}")
                 return work(self._conn)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvmesh.router.admission.fleet_ledger import FleetLedger
+from kvmesh.router.admission.shared_ledger import SharedLedger
 from kvmesh.router.control.quota_store import HEARTBEAT, QuotaStore, QuotaUnavailable, open_quota_store
 
 if TYPE_CHECKING:
@@ -133,8 +134,9 @@ def fleet_quota(gate: AdmissionGate | None, responses: ResponsesStoreConfig) -> 
     if not limits and gate.tenants.default_limit is None:
         return None
     inner = gate.admission.ledger
-    group = getattr(inner, "group", None)  # a host's shared memory: its worker 0 charges the others' tokens
-    ledger = FleetLedger(inner, applies=group is None or getattr(inner, "row", 0) == 0)
+    shared = inner if isinstance(inner, SharedLedger) else None  # a host's memory: its worker 0 charges the others'
+    group = None if shared is None else shared.group
+    ledger = FleetLedger(inner, applies=shared is None or shared.row == 0)
     for bucket, limit in limits.items():
         ledger.known(bucket, limit)
     gate.share(ledger)
