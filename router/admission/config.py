@@ -42,6 +42,12 @@ class AdmissionConfig:
     """Token-rate limit (prompt + output tokens per second) of each tenant the keys file gives none; None: no limit."""
     burst_s: float = 10.0
     """A token bucket holds this many seconds of its rate unless the keys file says burst_tokens."""
+    fleet_sync_s: float = 0.1
+    """Seconds between a router's exchanges of its tenants' token totals with the other routers, through the database
+    of ``router.responses`` (router/control/quota_sync.py): a tenant's limit is the fleet's. 0: each router's own."""
+    fleet_stale_s: float = 2.0
+    """Without a successful exchange for this long (the database slow or down), each router refills a tenant's
+    bucket at its rate divided by the routers alive at the last exchange (the fleet stays within the limit)."""
     fair_share_half_life_s: float = 60.0
     """Half-life of a tenant's token usage in fair share (tokens used this long ago count half)."""
     max_tenants: int = 1024
@@ -64,6 +70,9 @@ class AdmissionConfig:
                             ("recheck_interval_s", self.recheck_interval_s), ("slots_ttl_s", self.slots_ttl_s)):
             if not value > 0:
                 raise ValueError(f"admission {name} must be positive seconds, got {value}")
+        if not self.fleet_sync_s >= 0 or not self.fleet_stale_s > self.fleet_sync_s:
+            raise ValueError(f"admission fleet_sync_s must be >= 0 seconds (0: each router's own limits) and "
+                             f"fleet_stale_s above it; got {self.fleet_sync_s}, {self.fleet_stale_s}")
         if self.tokens_per_s is not None and not self.tokens_per_s > 0:
             raise ValueError(f"admission tokens_per_s must be positive (None: no limit), got {self.tokens_per_s}")
         if self.metric_tenants < 0:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import secrets
 
 from kvmesh.router.admission.fair_share import decayed
 from kvmesh.router.admission.ledger import NO_PRIORITY
@@ -53,6 +54,8 @@ class SharedLedger:
         self._lock = ctx.Lock()
         self._waiting = SharedWaiting(ctx, num_rows, max_models, max_tenants)
         self.row: int | None = None
+        self.group = secrets.token_hex(6)
+        """This host's name among a fleet's routers (router/admission/fleet_ledger.py): its workers share it."""
         self._attach()
         with self._lock:
             _claim(self._tenant_names, 0, _name(OVERFLOW))
@@ -70,7 +73,7 @@ class SharedLedger:
         return {"num_rows": self.num_rows, "half_life_s": self.half_life_s, "max_tenants": self.max_tenants,
                 "max_models": self.max_models, "_tenants": self._tenants, "_tenant_names": self._tenant_names,
                 "_queues": self._queues, "_model_names": self._model_names, "_lock": self._lock, "_waiting": self._waiting,
-                "row": self.row}
+                "row": self.row, "group": self.group}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -135,6 +135,11 @@ class Tenants:
     def has_keys(self) -> bool:
         return bool(self._by_key)
 
+    def limits(self) -> dict[str, TokenRate]:
+        """Each keyed and the shared tenant's limit, by name (those with none left out)."""
+        named = [*self._by_key.values(), self.shared]
+        return {t.name: t.limit for t in named if t.limit is not None}
+
     def holds_header(self, header: bytes) -> bool:
         """Whether an ``Authorization`` header value (``Bearer <key>``) carries one of the file's keys."""
         if not self._by_key or header[:7].lower() != b"bearer ":

@@ -34,6 +34,7 @@ from kvmesh.router.control.kv_peers import KVPeerRegistry
 from kvmesh.router.control.models import RouterModels, router_tokenizer
 from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
+from kvmesh.router.control.quota_sync import QuotaSync, fleet_quota
 from kvmesh.router.control.replica_calls import ReplicaCalls
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.admission_gate import AdmissionGate
@@ -94,6 +95,8 @@ class RouterRuntime:
         self.admission = AdmissionGate(config.admission, self.tenants, self.router, self.metrics.registry) \
             if config.admission.enabled else None
         """The router's queue, limits and 429s (router/http/admission_gate.py); None: every request goes on."""
+        self.quota: QuotaSync | None = None
+        """Tenants' token buckets kept with the other routers' (control/quota_sync.py; made at start); None: its own."""
         self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
         """Captured / available reuse and stale-index predictions, from the route receipts."""
         self._control_parts()
@@ -151,8 +154,13 @@ class RouterRuntime:
             self.add_replica(spec)
         await self.probes.probe_all()
         self.probes.start_polling()
+        self.quota = fleet_quota(self.admission, self.config.responses)
+        if self.quota is not None:
+            self.quota.start()
 
     async def stop(self) -> None:
+        if self.quota is not None:
+            await self.quota.stop()
         await self.kv_peers.stop()
         await self.probes.stop()
         await self.health.stop()

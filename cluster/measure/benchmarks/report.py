@@ -15,7 +15,8 @@ second and acceptance, a row per workload; ``fp8_aot``: ``tests/replica/triton_a
 kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --workload lora`` report,
 a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``multi_router``: ``kvmesh bench multi-router``'s runs through
-one router, spread over several and with one killed; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
+one router, spread over several and with one killed; ``fleet_quota``: ``kvmesh bench fleet_quota``'s tenant rate
+and a light tenant's latency per router count; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
 one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved; ``verdict``: ``kvmesh bench policy_matrix
 --seeds N``'s cells (of one file or several runs' files), a row each with its verdict over the seeds and the rivals that fail it or leave it undecided,
@@ -37,7 +38,8 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.policy_matrix import count_line, dominance
 
-DOCS = ("README.md", "BENCHMARKS.md", "docs/gpu-cluster.md", "docs/benchmarks/routing-against-peers.md")
+DOCS = ("README.md", "BENCHMARKS.md", "docs/gpu-cluster.md", "docs/benchmarks/routing-against-peers.md",
+        "docs/multi-host-routers.md")
 """The documents whose tables are generated (a guide holds the ones BENCHMARKS.md points to)."""
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
@@ -190,6 +192,15 @@ def multi_router_table(result: dict) -> str:
 
 
 RENDERERS["multi_router"] = multi_router_table  # kvmesh bench multi-router: routers on several Ray nodes, one killed
+
+
+def fleet_quota_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.fleet_quota import table
+
+    return table(result)
+
+
+RENDERERS["fleet_quota"] = fleet_quota_table  # kvmesh bench fleet_quota: a tenant's limit through 1, 2, 4 routers
 
 
 def render(text: str, root: Path) -> tuple[str, list[str]]:
