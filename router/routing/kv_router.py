@@ -194,10 +194,12 @@ class KVRouter:
             tiers = matched.without(self._untrusted(matched))
             choice = policy.decide(keys, tiers, loads, num_tokens, lora_name, self._pinned(session_id, now, loads))
             replica_id, estimate, replica = choice.replica_id, choice.estimate, self.replicas.get(choice.replica_id)
-            pull = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now, commit)
+            pull, not_shared = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now,
+                                                     commit)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
+        receipt.kv_not_shared = not_shared
         return RouteDecision(replica, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
@@ -206,15 +208,15 @@ class KVRouter:
 
     def _credit_and_plan(self, replica: Replica, keys: list[int], tiers: TierMatches, num_tokens: int,
                          excluded: set, pool: frozenset | None, session_id: str | None, now: float | None,
-                         commit: bool) -> PlannedPull | None:
+                         commit: bool) -> tuple[PlannedPull | None, str | None]:
         """``route``'s choice committed (``commit``: credited, and its pull counted as landing there) and its peer
-        pull planned (under the lock)."""
+        pull planned (under the lock), with why a replica holding more could not hand it over (None: none)."""
         if commit:
             self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0))
-        pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
+        pull, not_shared = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
         if commit and pull is not None:
             self.landing.add(replica, pull, now)
-        return pull
+        return pull, not_shared
 
     def _routable_loads(self, excluded: set, pool: frozenset | None, now: float | None) -> CandidateLoads | dict:
         """``candidate_loads`` with the other router processes' counts and the pulls landing at ``now`` taken in

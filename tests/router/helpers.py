@@ -49,3 +49,8 @@ def stub_replica(delay_ms: int):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+LAYOUT = {"model": "stories", "dtype": "bfloat16", "block_size": 16, "scales_digest": "",
+          "cache_layout": "L,2,H,blocks,B,D", "tp_size": 1, "transport": "nixl"}
+"""``/load``'s ``kv_transfer.layout`` of a replica with transfer on (router/replicas/kv_share.py)."""

@@ -16,11 +16,12 @@ from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
 
 from .conftest import FakeProc, fake_stats, launched_fakes, replica_rows, wait_for
+from .helpers import LAYOUT
 from .test_router_http import prompt
 
 MOVABLE = 60
 """Tokens of a 64-token prompt in full blocks a replica may reuse (all but the last token)."""
-TRANSFER = {"enabled": True, "pull_bytes_per_s": 1e9, "bytes_per_token": 64}
+TRANSFER = {"enabled": True, "pull_bytes_per_s": 1e9, "bytes_per_token": 64, "layout": LAYOUT}
 
 
 @pytest.fixture(scope="module")
