@@ -17,13 +17,14 @@ is within what it may::
 
 else it stays whole (``skipped_slower``). A prefill replica whose KV layout differs from the decode replica's (the
 dtype, FP8 scales, attention layout, TP size: router/replicas/kv_share.py) is never a candidate; when none is left,
-the prompt stays whole (``skipped_layout``) and the route receipt says why. A split trades the prompt's first token for the decode batch's next
-ones: it is worth a fixed allowance (a round trip and a move, so an idle decode replica still hands long prompts
-off) plus the stall it takes off the batch, never a prefill queue that costs more than that (on a prefill-bound
-trace the token rules sent prompts to such queues; a slack *factor* on ``local_s``, tried
-there, refused the cheap splits of short local prefills). A replica without a measured prefill rate (or a pull
-that cannot be priced), or ``pd_ttft_slack_s`` None, leaves the token rules: the least loaded prefill replica
-with room.
+the prompt stays whole (``skipped_layout``) and the route receipt says why.
+
+A split trades the prompt's first token for the decode batch's next ones: it is worth a fixed allowance (a round
+trip and a move, so an idle decode replica still hands long prompts off) plus the stall it takes off the batch,
+never a prefill queue that costs more than that (on a prefill-bound trace the token rules sent prompts to such
+queues; a slack *factor* on ``local_s``, tried there, refused the cheap splits of short local prefills). A replica
+without a measured prefill rate (or a pull that cannot be priced), or ``pd_ttft_slack_s`` None, leaves the token
+rules: the least loaded prefill replica with room.
 
 **Peer pull.** When the policy (any policy) sends a request away from the replica holding the most of its prefix
 (load), the chosen replica can pull the holder's extra blocks instead of computing them (``price_pull``). A holder's
@@ -34,7 +35,8 @@ pull of it would move nothing::
     recompute_s = extra blocks * block_size / chosen's prefill_tokens_per_s
 
 priced with ``ReplicaLoad.pull_s`` (the host tier's load-back form, ``load.copy_seconds``). A pull is planned
-only when ``pull_s < recompute_s`` and both replicas report ``kv_transfer.enabled`` in ``/load``. A replica
+only when ``pull_s < recompute_s`` and both replicas report ``kv_transfer.enabled`` in ``/load`` with the same
+KV layout (``kv_transfer.layout``, router/replicas/kv_share.py). A replica
 that has not measured a pull yet is priced at ``peer_pull_assumed_bytes_per_s``; one without a prefill rate at
 the mean of those reported (none anywhere: no pull, it cannot be priced).
 """
