@@ -130,7 +130,8 @@ class SplitChoice:
     prefill: Replica | None
     """The prefill replica; None: the prompt stays whole on its decode replica."""
     skipped: str | None = None
-    """Why a wanted split was not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); None when made or not wanted."""
+    """Why a wanted split was not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``, ``SPLIT_LAYOUT``); None when made or not
+    wanted."""
     price: SplitPrice | None = None
     """The best prefill replica's price in seconds (None: not priced, the token rules decided)."""
     why: str | None = None
@@ -198,10 +199,11 @@ def choose_split(prefill: Sequence[Replica], decode: Replica,
     by id as the index answers). See the module doc."""
     if local_uncached < rules.pd_min_uncached_tokens:
         return SplitChoice(None)
-    refusals = [share_refusal(decode, p) for p in prefill]
-    if prefill and all(refusals):  # the decode replica's handshake would refuse each of them
+    healthy = [p for p in prefill if p.healthy]
+    refusals = [share_refusal(decode, p) for p in healthy]
+    if healthy and all(refusals):  # the decode replica's handshake would refuse each of them
         return SplitChoice(None, SPLIT_LAYOUT, why=refusals[0])
-    prefill = [p for p, refused in zip(prefill, refusals, strict=True) if not refused]
+    prefill = [p for p, refused in zip(healthy, refusals, strict=True) if not refused]
     room = _with_room(prefill, rules)
     if not room:
         return SplitChoice(None, SPLIT_NO_ROOM)

@@ -63,7 +63,7 @@ class PeerPulls:
         candidates = replicas.healthy_within(excluded, pool)
         holder, held, refused = self._holder(chosen, own, matches, candidates, usable)
         if holder is None and refused is not None:  # the best holder is of another layout: the best of chosen's
-            alike = [rid for rid in candidates if (r := replicas.get(rid)) is not None and not share_refusal(chosen, r)]
+            alike = [r.id for r in replicas if r.id in candidates and not share_refusal(chosen, r)]
             holder, held, _ = self._holder(chosen, own, matches, alike, usable)
         if holder is None:
             return None, refused
