@@ -43,10 +43,11 @@ def read_layout(raw: object) -> tuple[KVLayoutInfo | None, str | None]:
         return None, f"its kv_transfer.layout is malformed ({str(e)[:MAX_PROBLEM_CHARS]})"
 
 
-def layout_differences(mine: KVLayoutInfo, theirs: KVLayoutInfo) -> list[str]:
-    """``"field mine vs theirs"`` for each compared field that differs (empty: KV moves between them)."""
-    return [f"{name} {getattr(mine, name) or 'none'} vs {getattr(theirs, name) or 'none'}" for name in COMPARED
-            if getattr(mine, name) != getattr(theirs, name)]
+def layout_differences(theirs: KVLayoutInfo, mine: KVLayoutInfo, their_name: str = "theirs",
+                       my_name: str = "mine") -> list[str]:
+    """``"field X on theirs vs Y on mine"`` for each compared field that differs (empty: KV moves between them)."""
+    return [f"{name} {getattr(theirs, name) or 'none'} on {their_name} vs {getattr(mine, name) or 'none'} on "
+            f"{my_name}" for name in COMPARED if getattr(theirs, name) != getattr(mine, name)]
 
 
 def share_refusal(a: Replica, b: Replica) -> str | None:
@@ -58,7 +59,7 @@ def share_refusal(a: Replica, b: Replica) -> str | None:
         if problem is not None:
             return f"{replica.id} is paired with no replica: {problem}"
     mine, theirs = a.load.kv_layout, b.load.kv_layout
-    differences = layout_differences(mine, theirs) if mine is not None and theirs is not None else None
+    differences = layout_differences(theirs, mine, b.id, a.id) if mine is not None and theirs is not None else None
     if differences:
-        return f"the KV layout of {b.id} differs from {a.id}'s ({'; '.join(differences)})"
+        return f"the KV layout of {b.id} differs from {a.id}'s: {'; '.join(differences)}"
     return None

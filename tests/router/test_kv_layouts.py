@@ -49,8 +49,8 @@ def test_an_fp8_replica_never_pulls_from_a_bf16_one_and_the_receipt_says_why():
     decision = busy_holder({"bf16": LAYOUT, "fp8": FP8}, {"bf16": 32}).route(PROMPT)
     assert decision.replica_id == "fp8" and decision.pull is None
     why = decision.receipt.kv_not_shared
-    assert why == "the KV layout of bf16 differs from fp8's (dtype float8_e4m3fn vs bfloat16; " \
-                  "scales_digest 0123456789abcdef vs none)"
+    assert why == "the KV layout of bf16 differs from fp8's: dtype bfloat16 on bf16 vs float8_e4m3fn on fp8; " \
+                  "scales_digest none on bf16 vs 0123456789abcdef on fp8"
     assert decision.receipt.headers()[HEADER_KV_NOT_SHARED] == why
     assert decision.receipt.log_fields()["kv_not_shared"] == why
 
@@ -64,7 +64,8 @@ def test_the_same_fleet_with_one_layout_pulls_and_says_nothing():
 def test_other_fp8_scales_are_another_layout():
     decision = busy_holder({"a": FP8, "b": OTHER_SCALES}, {"a": 32}).route(PROMPT)
     assert decision.pull is None
-    assert "scales_digest fedcba9876543210 vs 0123456789abcdef" in decision.receipt.kv_not_shared
+    assert decision.receipt.kv_not_shared == "the KV layout of a differs from b's: scales_digest 0123456789abcdef " \
+                                             "on a vs fedcba9876543210 on b"
 
 
 def test_the_pull_comes_from_the_best_holder_of_the_chosen_replicas_layout():
@@ -107,8 +108,8 @@ def test_no_split_to_a_prefill_replica_of_another_layout_and_the_receipt_says_wh
     decision = router.route(PROMPT)
     choice = router.choose_split(decision)
     assert (choice.prefill, choice.skipped) == (None, SPLIT_LAYOUT)
-    assert choice.why == "the KV layout of p differs from d's (dtype bfloat16 vs float8_e4m3fn; " \
-                         "scales_digest none vs 0123456789abcdef)"
+    assert choice.why == "the KV layout of p differs from d's: dtype float8_e4m3fn on p vs bfloat16 on d; " \
+                         "scales_digest 0123456789abcdef on p vs none on d"
 
 
 def test_the_split_goes_to_the_prefill_replica_of_the_decode_replicas_layout():

@@ -126,7 +126,8 @@ def test_a_prefill_replica_of_another_kv_layout_gets_no_split_and_the_receipt_sa
     r = post(router, prompt(7050))
     assert answer(r) == ("d", 0) and received(p) == [] and received(d) == []  # computed whole on d
     assert HEADER_PREFILL not in r.headers
-    assert r.headers[HEADER_KV_NOT_SHARED] == "the KV layout of p differs from d's (dtype float8_e4m3fn vs bfloat16)"
+    assert r.headers[HEADER_KV_NOT_SHARED] == "the KV layout of p differs from d's: dtype float8_e4m3fn on p vs " \
+                                              "bfloat16 on d"
     assert sample(router, "pd_splits", outcome="skipped_layout") == 1
 
 
