@@ -46,8 +46,9 @@ def read_layout(raw: object) -> tuple[KVLayoutInfo | None, str | None]:
 def layout_differences(theirs: KVLayoutInfo, mine: KVLayoutInfo, their_name: str = "theirs",
                        my_name: str = "mine") -> list[str]:
     """``"field X on theirs vs Y on mine"`` for each compared field that differs (empty: KV moves between them)."""
-    return [f"{name} {getattr(theirs, name) or 'none'} on {their_name} vs {getattr(mine, name) or 'none'} on "
-            f"{my_name}" for name in COMPARED if getattr(theirs, name) != getattr(mine, name)]
+    t, m = msgspec.structs.asdict(theirs), msgspec.structs.asdict(mine)
+    return [f"{name} {t[name] or 'none'} on {their_name} vs {m[name] or 'none'} on {my_name}" for name in COMPARED
+            if t[name] != m[name]]
 
 
 def share_refusal(a: Replica, b: Replica) -> str | None:
