@@ -6,8 +6,9 @@ fleet halfway through a rollout hold "the same" blocks whose bytes mean differen
 refuses a peer of another layout (replica/kv_transfer/agent.py); the router compares the same fields first, so it
 never plans a pull or a prefill/decode split that the replica would refuse:
 
-    read_layout(raw)        /load's kv_transfer.layout -> (KVLayoutInfo, None) or (None, why it is unusable)
     share_refusal(a, b)     why KV cannot move between replicas a and b; None: it can
+
+The layout itself, read from ``/load`` and compared field by field: router/replicas/advertised_layout.py.
 
 A replica with transfer on whose layout is missing, malformed or oversized is paired with no replica (its transfer
 counts as off, ``ReplicaLoad.update_transfer``) and the probe logs why. Replicas whose loads were never read from a
@@ -16,39 +17,8 @@ counts as off, ``ReplicaLoad.update_transfer``) and the probe logs why. Replicas
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import msgspec
-from kvmesh.replica.serving.load_report import KVLayoutInfo
-
-if TYPE_CHECKING:
-    from kvmesh.router.replicas.replica import Replica
-
-COMPARED = ("model", "dtype", "block_size", "scales_digest", "cache_layout", "tp_size", "transport")
-"""The layout's fields two replicas must share, in the order a refusal names them."""
-MAX_PROBLEM_CHARS = 200
-"""A layout problem as logged and put in a receipt is cut to this length."""
-
-
-def read_layout(raw: object) -> tuple[KVLayoutInfo | None, str | None]:
-    """``/load``'s ``kv_transfer.layout`` (a JSON object, or the Struct itself) checked: (the layout, None), or
-    (None, why no replica may be paired with it)."""
-    if isinstance(raw, KVLayoutInfo):
-        return raw, None
-    if raw is None:
-        return None, "its /load says KV transfer is on but gives no kv_transfer.layout (the KV it holds is unknown)"
-    try:
-        return msgspec.convert(raw, KVLayoutInfo), None
-    except msgspec.ValidationError as e:
-        return None, f"its kv_transfer.layout is malformed ({str(e)[:MAX_PROBLEM_CHARS]})"
-
-
-def layout_differences(theirs: KVLayoutInfo, mine: KVLayoutInfo, their_name: str = "theirs",
-                       my_name: str = "mine") -> list[str]:
-    """``"field X on theirs vs Y on mine"`` for each compared field that differs (empty: KV moves between them)."""
-    t, m = msgspec.structs.asdict(theirs), msgspec.structs.asdict(mine)
-    return [f"{name} {t[name] or 'none'} on {their_name} vs {m[name] or 'none'} on {my_name}" for name in COMPARED
-            if t[name] != m[name]]
+from kvmesh.router.replicas.advertised_layout import layout_differences
+from kvmesh.router.replicas.replica import Replica
 
 
 def share_refusal(a: Replica, b: Replica) -> str | None:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import msgspec
 from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.replica.serving.load_report import DecodeStepLoad, KVLayoutInfo, LoadReport, LoRALoad
+from kvmesh.router.replicas.advertised_layout import read_layout
 from kvmesh.router.replicas.bookings import Bookings
-from kvmesh.router.replicas.kv_share import read_layout
 
 PUBLISHED_FRESH_S = 2.0
 """Seconds a replica's published load is taken over its ``/load`` polls (a replica publishes at least every few
@@ -88,8 +88,8 @@ class ReplicaLoad:
     kv_bytes_per_token: int | None = None
     """KV bytes one token moves in a pull (``kv_transfer.bytes_per_token``; None: not reported)."""
     kv_layout: KVLayoutInfo | None = None
-    """What a peer's KV must match to move to or from it (``kv_transfer.layout``, router/replicas/kv_share.py); None:
-    transfer off, or a load never read from a ``/load`` (the simulator's: every replica alike)."""
+    """What a peer's KV must match to move to or from it (``kv_transfer.layout``: router/replicas/
+    advertised_layout.py); None: transfer off, or a load never read from a ``/load`` (the simulator's: all alike)."""
     kv_layout_problem: str | None = None
     """Why its advertised layout is unusable (missing, malformed, oversized): it is paired with no replica and its
     transfer counts as off; None: no problem."""
