@@ -31,7 +31,8 @@ import msgspec
 import torch
 
 # The fields that must agree between two ranks for a block id to mean the same bytes on both.
-MATCHING_FIELDS = ("num_layers", "block_size", "num_kv_heads", "head_dim", "dtype", "kv_layout", "bytes_per_block")
+MATCHING_FIELDS = ("num_layers", "block_size", "num_kv_heads", "head_dim", "dtype", "kv_layout", "bytes_per_block",
+                   "scales_digest")
 
 
 class KVBlockLayout(msgspec.Struct, frozen=True):
@@ -67,6 +68,9 @@ class KVBlockLayout(msgspec.Struct, frozen=True):
     """Bytes from one block to the next when that differs from ``block_stride`` (0: the same): a host tier
     keeps each block whole (``host_tier_layout``), so its regions are adjacent and its blocks
     ``bytes_per_block`` apart."""
+    scales_digest: str = ""
+    """An FP8 cache's per-layer k/v scales, digested (replica/worker/kv_scales.py); empty for a cache in the model's
+    dtype. Two FP8 caches with other scales hold the same bytes for other values: their blocks are not shareable."""
 
     def total_bytes_per_block(self, tp_size: int) -> int:
         """Bytes one block of the whole replica takes (``bytes_per_block`` is this rank's share; every
@@ -102,9 +106,9 @@ class KVBlockLayout(msgspec.Struct, frozen=True):
 
 
 def block_layout(kv_cache: torch.Tensor, kv_layout: str, block_size: int, num_kv_heads: int,
-                 head_dim: int) -> KVBlockLayout:
+                 head_dim: int, scales_digest: str = "") -> KVBlockLayout:
     """The layout of ``kv_cache`` ([num_layers, *layer_shape], contiguous) in the backend layout ``kv_layout``
-    (``symbolic_layout``)."""
+    (``symbolic_layout``), quantized through the scales digested as ``scales_digest`` (FP8; empty: none)."""
     if not kv_cache.is_contiguous():
         raise ValueError("the KV cache must be one contiguous tensor to be registered for transfer")
     block_dim = block_dim_of(kv_layout)
@@ -116,7 +120,8 @@ def block_layout(kv_cache: torch.Tensor, kv_layout: str, block_size: int, num_kv
         num_layers=shape[0], block_size=block_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
         dtype=str(kv_cache.dtype).removeprefix("torch."), kv_layout=kv_layout, num_blocks=shape[block_dim],
         block_dim=block_dim, num_regions=num_regions, region_stride=shape[block_dim] * block_stride,
-        block_stride=block_stride, bytes_per_block=num_regions * block_stride, base_address=kv_cache.data_ptr())
+        block_stride=block_stride, bytes_per_block=num_regions * block_stride, base_address=kv_cache.data_ptr(),
+        scales_digest=scales_digest)
 
 
 # Distinct primes standing for each size, so a backend's shape function names its own dimensions.

@@ -206,6 +206,6 @@ def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerS
     except KVTransferError as e:  # nixl missing or unable to start here: said as a start-up error
         raise ValueError(f"kv_transfer (transport {config.transport}) cannot start: {e}; install nixl "
                          "(the engine extra) or turn KV transfer off (--no-kv-transfer)") from None
-    service = KVTransferService(config, agent, llm, state.kv_metrics, replica_id)
+    service = KVTransferService(config, agent, llm, state.kv_metrics, replica_id, state.model_name)
     llm.kv_transfers.turn_on(LeaseCaps.of(config), service.load)  # before the server takes a lease
     return service

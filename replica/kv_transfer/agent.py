@@ -162,17 +162,22 @@ def check_read(layout: KVBlockLayout, remote: KVBlockLayout, remote_block_ids: l
 
 def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str, tp_size: int = 1) -> None:
     """KVLayoutMismatch naming every field where the peer's layout (and tensor-parallel size) differs from this
-    rank's."""
+    rank's: its dtype, its FP8 scales' digest, its shape."""
     differences = mine.mismatch(handshake.layout)
     if handshake.tp_size != tp_size:
         differences.insert(0, f"tp (tensor_parallel_size): {tp_size} vs {handshake.tp_size}")
-    if mine.dtype != handshake.layout.dtype:  # the one a user sets per replica (kv_cache_dtype): said first
-        differences.insert(0, f"KV cache dtype {mine.dtype} on {my_name!r} vs {handshake.layout.dtype} on "
+    theirs = handshake.layout
+    if mine.dtype == theirs.dtype and mine.scales_digest != theirs.scales_digest:  # same FP8 format, other scales
+        differences.insert(0, f"FP8 KV scales digest {mine.scales_digest or 'none'} on {my_name!r} vs "
+                              f"{theirs.scales_digest or 'none'} on {handshake.agent_name!r} (their caches quantize "
+                              "with other k/v scales: load the same checkpoint's scales on both)")
+    if mine.dtype != theirs.dtype:  # the one a user sets per replica (kv_cache_dtype): said first
+        differences.insert(0, f"KV cache dtype {mine.dtype} on {my_name!r} vs {theirs.dtype} on "
                               f"{handshake.agent_name!r} (set the same kv_cache_dtype on both)")
     if differences:
         raise KVLayoutMismatch(f"peer {handshake.agent_name!r} has a different KV block layout than "
-                               f"{my_name!r} ({'; '.join(differences)}); replicas that exchange KV must run "
-                               "the same model, dtype, block size, tensor-parallel size and attention layout")
+                               f"{my_name!r} ({'; '.join(differences)}); replicas that exchange KV must run the "
+                               "same model, dtype, FP8 scales, block size, tensor-parallel size and attention layout")
 
 
 def block_bytes(agent: KVTransferAgent) -> int:

@@ -31,7 +31,7 @@ from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.server.kv_metrics import KVTransferMetrics
 from kvmesh.replica.server.kv_peers import REPLICA_ID_HEADER, PeerRegistry
-from kvmesh.replica.serving.load_report import KVTransferLoad
+from kvmesh.replica.serving.load_report import KVLayoutInfo, KVTransferLoad
 
 if TYPE_CHECKING:
     import aiohttp
@@ -57,7 +57,8 @@ class KVTransferService:
     """One replica's transfer agent (rank 0) and what its HTTP routes and completions need of it."""
 
     def __init__(self, config: KVTransferConfig, agent: KVTransferAgent, engine: AsyncLLM,
-                 metrics: KVTransferMetrics, replica_id: str) -> None:
+                 metrics: KVTransferMetrics, replica_id: str, model_name: str | None = None) -> None:
+        """``model_name``: the served name ``/load``'s layout says (None: the engine's model)."""
         self.config, self.agent, self.engine, self.metrics = config, agent, engine, metrics
         self.replica_id = replica_id
         self.registry = PeerRegistry(config.peers)
@@ -65,6 +66,8 @@ class KVTransferService:
         self.block_size = engine.block_size
         self.bytes_per_block = block_bytes(agent)  # every tensor-parallel rank's share
         self._handshake = encode_handshake(agent.handshake())
+        self.layout = layout_info(agent, model_name or engine.config.model)
+        """What a peer's KV must match (``/load``'s ``kv_transfer.layout``; the handshake compares the same)."""
         self._peers: dict[str, str] = {}  # remote_url -> the peer's agent name (handshake done)
         self._session: aiohttp.ClientSession | None = None
         self._handshaking: asyncio.Lock | None = None  # one handshake at a time
@@ -78,7 +81,7 @@ class KVTransferService:
         return KVTransferLoad(enabled=True, pull_bytes_per_s=transfers.pull_bytes_per_s,
                               pull_fixed_s=transfers.pull_fixed_s,
                               bytes_per_token=self.bytes_per_block // self.block_size,
-                              registered_peers=self.registry.num_registered)
+                              registered_peers=self.registry.num_registered, layout=self.layout)
 
     def lease_ttl_s(self, asked: float | None) -> float:
         """The TTL of a lease asked with ``ttl_s`` ``asked``: the default, clamped to ``max_lease_ttl_s``."""
@@ -177,6 +180,14 @@ class KVTransferService:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def layout_info(agent: KVTransferAgent, model: str) -> KVLayoutInfo:
+    """What a router compares before it pairs this replica with another (the fields the handshake checks)."""
+    layout = agent.layout
+    return KVLayoutInfo(model=model, dtype=layout.dtype, block_size=layout.block_size,
+                        scales_digest=layout.scales_digest, cache_layout=layout.kv_layout, tp_size=agent.tp_size,
+                        transport=agent.config.transport)
 
 
 class PeerLoad:

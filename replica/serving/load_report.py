@@ -3,8 +3,36 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import msgspec
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[\x20-\x7e]+$")]
+_Word = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.,:-]+$")]
+_Digest = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9a-f]*$")]
+_Count = Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+
+
+class KVLayoutInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """``/load``'s ``kv_transfer.layout``: what a peer's blocks must match for this replica to read them (the
+    fields its transfer handshake compares, replica/kv_transfer/agent.py), so a router pairs only replicas whose KV
+    can move between them. Block hashes do not depend on these: equal hashes on two layouts are not shareable."""
+
+    model: _Name
+    """The served model name (another model's KV means nothing here)."""
+    dtype: _Word
+    """The cache's element type, torch's name: ``bfloat16``, ``float8_e4m3fn`` (``kv_cache_dtype``)."""
+    block_size: _Count
+    """Tokens per block."""
+    scales_digest: _Digest = ""
+    """The FP8 cache's per-layer k/v scales, digested (16 hex digits); empty for a cache in the model's dtype.
+    Blocks quantized with other scales decode to other values."""
+    cache_layout: _Word
+    """The attention backend's cache shape with the block dimension named (``L,2,H,blocks,B,D``)."""
+    tp_size: _Count = 1
+    """Tensor-parallel ranks (a pull reads rank r from rank r)."""
+    transport: _Word = "nixl"
+    """The transfer agent's transport: ``nixl`` or ``local`` (the same process only)."""
 
 
 class KVTransferLoad(msgspec.Struct, kw_only=True):
@@ -22,6 +50,9 @@ class KVTransferLoad(msgspec.Struct, kw_only=True):
     pull_fixed_s: float | None = None
     """Seconds one pull costs besides its bytes (lease, handshake, the read's start: the intercept of its pulls'
     seconds fitted against their bytes, measured); None until pulls of different sizes told it."""
+    layout: KVLayoutInfo | None = None
+    """What a peer's KV must match to move to or from this replica; None when disabled. A router pairs no replica
+    whose layout is missing or malformed."""
 
 
 class DecodeStepLoad(msgspec.Struct, kw_only=True):

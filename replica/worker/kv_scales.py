@@ -15,9 +15,11 @@ then stored as they are, clamped to the format's range.
 from __future__ import annotations
 
 import glob
+import hashlib
 import logging
 import os
 import re
+import struct
 
 import torch
 from kvmesh.replica.attention.kv_quant import default_scales, is_fp8
@@ -69,3 +71,14 @@ def attach_kv_scales(layers: list, kv_cache_dtype: torch.dtype, model_dir: str |
         logger.info("KV cache in %s with the checkpoint's per-layer k/v scales", name)
     for attn, pair in zip(layers, scales, strict=True):
         attn.kv_scales = pair
+
+
+def kv_scales_digest(layers: list) -> str:
+    """The attention layers' k/v scales digested (16 hex digits of a SHA-256 over their float32 values, layer
+    order): what two replicas' FP8 caches must share for a block's bytes to mean the same values on both; empty
+    for a cache in the model's dtype (no scales). Read once, when the cache is laid out (a host copy per scale)."""
+    pairs = [attn.kv_scales for attn in layers if attn.kv_scales is not None]
+    if not pairs:
+        return ""
+    values = torch.stack([s.detach().float().reshape(()) for pair in pairs for s in pair]).tolist()
+    return hashlib.sha256(struct.pack(f"<{len(values)}f", *values)).hexdigest()[:16]

@@ -46,7 +46,7 @@ from kvmesh.replica.worker.kv_cache import (
     read_cuda_memory,
 )
 from kvmesh.replica.worker.kv_offload import make_kv_offload
-from kvmesh.replica.worker.kv_scales import attach_kv_scales
+from kvmesh.replica.worker.kv_scales import attach_kv_scales, kv_scales_digest
 from kvmesh.replica.worker.profile_run import profile_forward
 from kvmesh.replica.worker.weights import build_model, checkpoint_dir
 
@@ -110,15 +110,16 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         """The KV cache sized from the memory budget, bound to each attention layer, its layout and the host tier."""
         self.num_kv_blocks = self._size_kv_cache()
-        attn0 = self.model.attention_layers()[0]
+        layers = self.model.attention_layers()
+        attn0 = layers[0]
         # [num_layers, *layer_shape], e.g. torch: [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
         self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, self._layer_shape(self.num_kv_blocks),
                                           self.kv_cache_dtype, self.device)
-        for i, attn in enumerate(self.model.attention_layers()):
+        for i, attn in enumerate(layers):
             attn.kv_cache = self.kv_cache[i]
         # where each block lies, computed once here: the host tier, the KV transfer agent and /load read it
         self.kv_layout = block_layout(self.kv_cache, symbolic_layout(self.attn_backend.kv_cache_shape),
-                                      self.block_size, attn0.num_kv_heads, attn0.head_dim)
+                                      self.block_size, attn0.num_kv_heads, attn0.head_dim, kv_scales_digest(layers))
         self.kv_offload = make_kv_offload(self.config.kv_offload_memory, self.kv_cache, self.kv_layout)  # None: none
         self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
 

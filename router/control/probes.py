@@ -82,8 +82,9 @@ class ReplicaProbes:
                     load.update_report(report)
                     if isinstance(report, LoadReport):
                         self.models.on_load(replica, report)  # the adapters it has now
-                    was_on, transfer = load.kv_transfer_enabled, decode_transfer(raw)
+                    was_on, transfer, problem = load.kv_transfer_enabled, decode_transfer(raw), load.kv_layout_problem
                     load.update_transfer(transfer)
+                    say_layout_problem(replica, problem)
                     turned_on = load.kv_transfer_enabled and (not was_on or transfer.get("registered_peers") == 0)
                     self.check_stream(replica, report, sent_at, time.time())
                     self.health.check_progress(replica, report, load.queued_prefill_tokens)
@@ -206,6 +207,17 @@ def decode_transfer(raw: bytes) -> dict | None:
         return msgspec.json.decode(raw, type=_TransferPart).kv_transfer
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
+
+
+def say_layout_problem(replica: Replica, before: str | None) -> None:
+    """Log once why ``replica``'s advertised KV layout is unusable (router/replicas/kv_share.py), and once that it
+    is usable again; ``before``: its problem before this ``/load``."""
+    problem = replica.load.kv_layout_problem
+    if problem is not None and problem != before:
+        logger.warning("replica %s is paired with no replica for KV transfer (no peer pull, no prefill/decode split "
+                       "with it): %s", replica.id, problem)
+    elif problem is None and before is not None:
+        logger.info("replica %s advertises a usable KV layout again: it may be paired for KV transfer", replica.id)
 
 
 def incompatibility(info: ServerInfo | None, block_size: int, tokenizer: Tokenizer | None) -> str | None:

@@ -64,6 +64,7 @@ class KVHandoff:
         prefill = choice.prefill
         if choice.skipped is not None:
             svc.metrics.child(svc.metrics.pd_splits, choice.skipped).inc()
+            decision.receipt.kv_not_shared = choice.why or decision.receipt.kv_not_shared
         if prefill is not None:  # a split, or (its prefill call failed) the request as sent: never a pull
             handle = await self._prefill(request, decision, prefill) if not prefill.removed else None
             svc.metrics.child(svc.metrics.pd_splits, SPLIT_OK if handle is not None else SPLIT_PREFILL_FAILED).inc()

@@ -61,7 +61,9 @@ class RouterMetrics:
         self.pd_splits = Counter("kvmesh_router_pd_splits",
                                  "Prompts long enough to prefill on a prefill replica: ok (prefilled there), "
                                  "prefill_failed (the decode replica computed it), skipped_no_room (no prefill replica "
-                                 "had room), skipped_slower (priced slower than the decode replica, beyond the slack)", ["outcome"], registry=r)
+                                 "had room), skipped_slower (priced slower than the decode replica, beyond the slack), "
+                                 "skipped_layout (no prefill replica shares the decode replica's KV layout)",
+                                 ["outcome"], registry=r)
         self.peer_pulls = Counter("kvmesh_router_peer_pulls",
                                   "Requests whose replica was asked to pull the prompt's prefix from the replica holding it",
                                   registry=r)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 from kvmesh.events.load import ReplicaLoadUpdate
-from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
+from kvmesh.replica.serving.load_report import DecodeStepLoad, KVLayoutInfo, LoadReport, LoRALoad
+from kvmesh.router.replicas.advertised_layout import read_layout
 from kvmesh.router.replicas.bookings import Bookings
 
 PUBLISHED_FRESH_S = 2.0
@@ -86,6 +87,12 @@ class ReplicaLoad:
     """Bytes per second its pulls from peers measured (``kv_transfer.pull_bytes_per_s``, an EWMA; None: none yet)."""
     kv_bytes_per_token: int | None = None
     """KV bytes one token moves in a pull (``kv_transfer.bytes_per_token``; None: not reported)."""
+    kv_layout: KVLayoutInfo | None = None
+    """What a peer's KV must match to move to or from it (``kv_transfer.layout``: router/replicas/
+    advertised_layout.py); None: transfer off, or a load never read from a ``/load`` (the simulator's: all alike)."""
+    kv_layout_problem: str | None = None
+    """Why its advertised layout is unusable (missing, malformed, oversized): it is paired with no replica and its
+    transfer counts as off; None: no problem."""
 
     decode_step: DecodeStepLoad | None = None
     """The replica's measured decode step time and running context (``/load``'s ``decode_step``; None: none)."""
@@ -189,11 +196,13 @@ class ReplicaLoad:
 
     def update_transfer(self, kv_transfer: object) -> None:
         """Take ``/load``'s ``kv_transfer`` object (a dict, or a Struct with the same fields); None/absent:
-        transfer off."""
+        transfer off, as it is when its layout is unusable (``kv_layout_problem``)."""
         fields = kv_transfer if isinstance(kv_transfer, dict) else msgspec.structs.asdict(kv_transfer) \
             if isinstance(kv_transfer, msgspec.Struct) else {}
         get = fields.get
-        self.kv_transfer_enabled = kv_transfer is not None and get("enabled") is True
+        enabled = kv_transfer is not None and get("enabled") is True
+        self.kv_layout, self.kv_layout_problem = read_layout(get("layout")) if enabled else (None, None)
+        self.kv_transfer_enabled = enabled and self.kv_layout_problem is None  # an unknown layout is paired with none
         rate, per_token, fixed = get("pull_bytes_per_s"), get("bytes_per_token"), get("pull_fixed_s")
         self.pull_bytes_per_s = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
         self.pull_fixed_s = float(fixed) if isinstance(fixed, (int, float)) and fixed >= 0 else None

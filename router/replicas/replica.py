@@ -10,6 +10,9 @@ dropping its record (router/replicas/replica_set.py):
     healthy                 in rotation now (answers /health, not ejected, not draining)
     degraded                why its cache information is not trusted, per cause (routed by load only)
     load                    its load: the router's counters and its last /load (``ReplicaLoad``)
+    kv_layout               what its KV is (model, dtype, block size, FP8 scales' digest, attention layout, TP size,
+                            transport: its /load's kv_transfer.layout, kept on ``load``); who may share KV with it
+                            (router/replicas/kv_share.py)
     health, patience        passive health: failures, ejections, progress, the deadlines of its answers
     served                  the base model and adapters it serves (its /v1/models and /load)
     accepts                 what it takes instead of text (token ids; its /server_info)
@@ -37,6 +40,7 @@ from kvmesh.router.replicas.wire_enum import WireEnum
 if TYPE_CHECKING:
     import asyncio
 
+    from kvmesh.replica.serving.load_report import KVLayoutInfo
     from kvmesh.router.admission.room import LearnedSlots
     from kvmesh.router.replicas.served import ServedModels
 
@@ -139,6 +143,11 @@ class Replica:
         if self.advertised_from is not None:
             return "advertised"
         return "given" if self.spec is not None and self.spec.events else "none"
+
+    @property
+    def kv_layout(self) -> KVLayoutInfo | None:
+        """What its KV is, as its ``/load`` says (``ReplicaLoad.kv_layout``): KV moves only between equal ones."""
+        return self.load.kv_layout
 
     @property
     def draining(self) -> bool:

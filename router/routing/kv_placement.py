@@ -15,13 +15,16 @@ is within what it may::
 
     split_s - local_s <= pd_ttft_slack_s + pd_stall_weight * stall_s
 
-else it stays whole (``skipped_slower``). A split trades the prompt's first token for the decode batch's next
-ones: it is worth a fixed allowance (a round trip and a move, so an idle decode replica still hands long prompts
-off) plus the stall it takes off the batch, never a prefill queue that costs more than that (on a prefill-bound
-trace the token rules sent prompts to such queues; a slack *factor* on ``local_s``, tried
-there, refused the cheap splits of short local prefills). A replica without a measured prefill rate (or a pull
-that cannot be priced), or ``pd_ttft_slack_s`` None, leaves the token rules: the least loaded prefill replica
-with room.
+else it stays whole (``skipped_slower``). A prefill replica whose KV layout differs from the decode replica's (the
+dtype, FP8 scales, attention layout, TP size: router/replicas/kv_share.py) is never a candidate; when none is left,
+the prompt stays whole (``skipped_layout``) and the route receipt says why.
+
+A split trades the prompt's first token for the decode batch's next ones: it is worth a fixed allowance (a round
+trip and a move, so an idle decode replica still hands long prompts off) plus the stall it takes off the batch,
+never a prefill queue that costs more than that (on a prefill-bound trace the token rules sent prompts to such
+queues; a slack *factor* on ``local_s``, tried there, refused the cheap splits of short local prefills). A replica
+without a measured prefill rate (or a pull that cannot be priced), or ``pd_ttft_slack_s`` None, leaves the token
+rules: the least loaded prefill replica with room.
 
 **Peer pull.** When the policy (any policy) sends a request away from the replica holding the most of its prefix
 (load), the chosen replica can pull the holder's extra blocks instead of computing them (``price_pull``). A holder's
@@ -32,7 +35,8 @@ pull of it would move nothing::
     recompute_s = extra blocks * block_size / chosen's prefill_tokens_per_s
 
 priced with ``ReplicaLoad.pull_s`` (the host tier's load-back form, ``load.copy_seconds``). A pull is planned
-only when ``pull_s < recompute_s`` and both replicas report ``kv_transfer.enabled`` in ``/load``. A replica
+only when ``pull_s < recompute_s`` and both replicas report ``kv_transfer.enabled`` in ``/load`` with the same
+KV layout (``kv_transfer.layout``, router/replicas/kv_share.py). A replica
 that has not measured a pull yet is priced at ``peer_pull_assumed_bytes_per_s``; one without a prefill rate at
 the mean of those reported (none anywhere: no pull, it cannot be priced).
 """
@@ -43,6 +47,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.kv_share import share_refusal
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.routing.cost import (
@@ -58,9 +63,11 @@ DEFAULT_STEP_TOKENS = 8192.0
 """A step budget for the split's price (the decode replica's steps interleaved with the suffix's prefill)."""
 
 SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER = "ok", "prefill_failed", "skipped_no_room", "skipped_slower"
-SPLIT_OUTCOMES = (SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER)
+SPLIT_LAYOUT = "skipped_layout"
+SPLIT_OUTCOMES = (SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER, SPLIT_LAYOUT)
 """``kvmesh_router_pd_splits_total{outcome}``: split done, prefill call failed (the decode replica computed the
-prompt), split wanted but no prefill replica had room, split priced slower than ``pd_ttft_slack`` allows."""
+prompt), split wanted but no prefill replica had room, split priced slower than ``pd_ttft_slack`` allows, split
+wanted but no prefill replica shares the decode replica's KV layout (router/replicas/kv_share.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +130,13 @@ class SplitChoice:
     prefill: Replica | None
     """The prefill replica; None: the prompt stays whole on its decode replica."""
     skipped: str | None = None
-    """Why a wanted split was not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); None when made or not wanted."""
+    """Why a wanted split was not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``, ``SPLIT_LAYOUT``); None when made or not
+    wanted."""
     price: SplitPrice | None = None
     """The best prefill replica's price in seconds (None: not priced, the token rules decided)."""
+    why: str | None = None
+    """With ``SPLIT_LAYOUT``: why no prefill replica may hand its KV to the decode replica (the route receipt's
+    ``kv_not_shared``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +199,11 @@ def choose_split(prefill: Sequence[Replica], decode: Replica,
     by id as the index answers). See the module doc."""
     if local_uncached < rules.pd_min_uncached_tokens:
         return SplitChoice(None)
+    healthy = [p for p in prefill if p.healthy]
+    refusals = [share_refusal(decode, p) for p in healthy]
+    if healthy and all(refusals):  # the decode replica's handshake would refuse each of them
+        return SplitChoice(None, SPLIT_LAYOUT, why=refusals[0])
+    prefill = [p for p, refused in zip(healthy, refusals, strict=True) if not refused]
     room = _with_room(prefill, rules)
     if not room:
         return SplitChoice(None, SPLIT_NO_ROOM)

@@ -136,11 +136,13 @@ class KVRouter(EventIntake, PullPlanning):
             tiers = matched.without(self._untrusted(matched))
             choice = self._decide(keys, tiers, candidates, num_tokens, lora_name, session_id, now)
             replica, estimate = choice.replica, choice.estimate
-            pull = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now, commit)
+            pull, not_shared = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now,
+                                                     commit)
         t3 = _ns()
         why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
         receipt = route_receipt(replica, tiers, candidates.loads, num_tokens, session_id, why, estimate,
                                 self.block_size)
+        receipt.kv_not_shared = not_shared
         return RouteDecision(replica, keys, tiers.either().get(replica.id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
@@ -150,9 +152,9 @@ class KVRouter(EventIntake, PullPlanning):
 
     def _credit_and_plan(self, replica: Replica, keys: list[int], tiers: TierMatches, num_tokens: int,
                          excluded: set, pool: frozenset | None, session_id: str | None, now: float | None,
-                         commit: bool) -> PlannedPull | None:
+                         commit: bool) -> tuple[PlannedPull | None, str | None]:
         """``route``'s choice committed (``commit``: credited, and its pull counted as landing there) and its peer
-        pull planned (under the lock)."""
+        pull planned (under the lock), with why a replica holding more could not hand it over (None: none)."""
         if commit:
             self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0))
         return self._plan_pull(replica, keys, tiers, num_tokens, excluded, pool, now, commit)

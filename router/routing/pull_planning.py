@@ -36,13 +36,13 @@ class PullPlanning:
     """The pulls still landing on each replica (pulls_landing.py), counted on its load before a decision."""
 
     def _plan_pull(self, replica: Replica, keys: Sequence[int], tiers: TierMatches, num_tokens: int, excluded: set,
-                   pool: frozenset | None, now: float | None, commit: bool) -> PlannedPull | None:
+                   pool: frozenset | None, now: float | None, commit: bool) -> tuple[PlannedPull | None, str | None]:
         """The peer pull of a request routed to ``replica``, counted as landing there when ``commit`` (under the
-        lock)."""
-        pull = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
+        lock), and why a replica holding more could not hand it over (None: none was refused)."""
+        pull, not_shared = self.pulls.plan(replica, keys, tiers, num_tokens, excluded, pool)
         if commit and pull is not None:
             self.landing.add(replica, pull, now)
-        return pull
+        return pull, not_shared
 
     def forget_pull(self, decision: RouteDecision) -> None:
         """``decision``'s pull will not land: its attempt failed or was cancelled before its replica answered

@@ -53,6 +53,9 @@ HEADER_PULLED_FROM = HEADER_PREFIX + "kv-pulled-from"
 """Sent only when the router asked the replica to pull the prefix from a peer: the peer's id."""
 HEADER_PULLED_TOKENS = HEADER_PREFIX + "kv-pulled-tokens"
 """Prompt tokens whose KV the replica pulled from another replica (its own answer's header of that name)."""
+HEADER_KV_NOT_SHARED = HEADER_PREFIX + "kv-not-shared"
+"""Sent only when a replica holding more of the prompt (a pull) or a prefill replica (a split) could not hand its KV
+to the chosen one: why (their KV layouts differ, or one advertises none usable: router/replicas/kv_share.py)."""
 HEADER_PREDICTED_TTFT = HEADER_PREFIX + "predicted-ttft-s"
 """The predicted time to first token on the chosen replica, seconds (sent when priced)."""
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
@@ -93,6 +96,9 @@ class RouteReceipt:
     """The peer the router asked the replica to pull the prefix from (peer pull); None: no pull asked."""
     kv_pulled_tokens: int | None = None
     """Prompt tokens the replica reported pulling (``x-kvmesh-kv-pulled-tokens``); None: it said nothing."""
+    kv_not_shared: str | None = None
+    """Why KV was not moved to the chosen replica from a replica holding more of the prompt or from a prefill
+    replica (their KV layouts differ, or one advertises no usable layout); None: nothing was refused for that."""
     predicted_ttft_s: float | None = None
     """The router's predicted time to first token on the chosen replica (router/routing/cost/); None: unpriced."""
     predicted_pace_s: float | None = None
@@ -136,6 +142,8 @@ class RouteReceipt:
             out[HEADER_PULLED_FROM] = str(self.pulled_from)
         if self.kv_pulled_tokens is not None:
             out[HEADER_PULLED_TOKENS] = str(self.kv_pulled_tokens)
+        if self.kv_not_shared is not None:  # a header value: printable ASCII only
+            out[HEADER_KV_NOT_SHARED] = "".join(c if " " <= c <= "~" else "?" for c in self.kv_not_shared)
         return out
 
     def log_fields(self) -> dict:
@@ -155,6 +163,7 @@ class RouteReceipt:
             "prefill_replica": None if self.prefill_replica_id is None else str(self.prefill_replica_id),
             "kv_pulled_from": None if self.pulled_from is None else str(self.pulled_from),
             "kv_pulled_tokens": self.kv_pulled_tokens,
+            "kv_not_shared": self.kv_not_shared,
             "predicted_ttft_s": self.predicted_ttft_s,
             "predicted_pace_s": self.predicted_pace_s,
             "ttft_s": self.actual_ttft_s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +21,7 @@ from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.kv_layout import block_layout, symbolic_layout  # noqa: E402
 from kvmesh.replica.kv_transfer.agent import KVTransferConfig, make_kv_transfer_agent  # noqa: E402
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch  # noqa: E402
+from kvmesh.replica.worker.kv_scales import kv_scales_digest  # noqa: E402
 
 from .kv_replicas import client, kv_replica, register  # noqa: E402
 from .test_engine_host_tier import RecordingPublisher, generate, prompts  # noqa: E402
@@ -107,6 +109,37 @@ def test_the_transfer_handshake_names_both_kv_dtypes():
         fp8.close()
 
 
+def test_a_handshake_between_fp8_caches_with_other_scales_is_refused_naming_both_digests():
+    def agent(name, digest):
+        shape = TorchAttentionBackend.kv_cache_shape(8, 4, 2, 8)
+        cache = torch.zeros(3, *shape, dtype=torch.float8_e4m3fn)
+        layout = block_layout(cache, symbolic_layout(TorchAttentionBackend.kv_cache_shape), 4, 2, 8, digest)
+        return make_kv_transfer_agent(KVTransferConfig(transport="local"), name, cache, layout)
+
+    one, other, same = agent("one", "aa"), agent("other", "bb"), agent("same", "aa")
+    try:
+        with pytest.raises(KVLayoutMismatch, match=r"FP8 KV scales digest aa on 'one' vs bb on 'other' "
+                                                   r"\(their caches quantize with other k/v scales"):
+            one.add_peer(other.handshake())
+        with pytest.raises(KVLayoutMismatch, match=r"scales_digest: bb vs aa"):
+            other.add_peer(one.handshake())
+        assert one.add_peer(same.handshake())  # the same scales: paired
+    finally:
+        for a in (one, other, same):
+            a.close()
+
+
+def test_the_scales_digest_is_empty_without_scales_and_changes_with_any_scale():
+    def layers(*pairs):
+        return [SimpleNamespace(kv_scales=None if p is None else tuple(torch.tensor([v]) for v in p)) for p in pairs]
+
+    assert kv_scales_digest(layers(None, None)) == ""
+    digest = kv_scales_digest(layers((1.0, 1.0), (0.5, 2.0)))
+    assert len(digest) == 16 and digest == kv_scales_digest(layers((1.0, 1.0), (0.5, 2.0)))
+    assert digest != kv_scales_digest(layers((1.0, 1.0), (0.5, 2.5)))  # one v_scale differs
+    assert digest != kv_scales_digest(layers((0.5, 2.0), (1.0, 1.0)))  # the same scales on other layers
+
+
 def test_checkpoint_kv_scales_become_the_layers_scales_and_their_absence_is_logged(stories_path, tmp_path, caplog):
     from safetensors.torch import save_file
 
@@ -120,8 +153,10 @@ def test_checkpoint_kv_scales_become_the_layers_scales_and_their_absence_is_logg
     got = [(attn.kv_scales[0].item(), attn.kv_scales[1].item()) for attn in layers]
     assert got[:3] == [(0.5, 2.0), (0.25, 0.25), (1.0, 1.0)]
     assert f"scales for 2 of {len(layers)} layers; the others use 1.0" in caplog.text
+    assert scaled.model_runner.kv_layout.scales_digest == kv_scales_digest(layers) != ""  # what the handshake says
     plain = engine(tmp_path, kv_cache_memory="1MiB")  # a model-dtype cache loads the checkpoint, scales unused
     assert all(attn.kv_scales is None for attn in plain.model_runner.model.attention_layers())
+    assert plain.model_runner.kv_layout.scales_digest == ""
     prompt = prompts(1, 40, seed=3)[0]
     assert generate(scaled, "s", prompt).output_token_ids  # the scaled cache decodes
 

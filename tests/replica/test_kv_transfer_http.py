@@ -9,6 +9,7 @@ import random
 import socket
 
 import pytest
+from kvmesh.router.replicas.load import ReplicaLoad
 
 from .kv_replicas import KEY, client, kv_replica, metric, register, wait_for
 
@@ -57,6 +58,18 @@ def test_decode_side_pulls_the_prompt_and_answers_the_holders_text(pair):
         load = cb.get("/load").json()["kv_transfer"]
         assert load["enabled"] and load["pull_bytes_per_s"] > 0 and load["bytes_per_token"] > 0
         assert load["registered_peers"] == 1
+
+
+
+def test_load_says_the_kv_layout_a_router_pairs_replicas_by(pair):
+    a, b = pair
+    with client(a) as ca, client(b) as cb:
+        layouts = [c.get("/load").json()["kv_transfer"]["layout"] for c in (ca, cb)]
+    assert layouts[0] == layouts[1]
+    assert layouts[0]["block_size"] == 16 and layouts[0]["scales_digest"] == "" and layouts[0]["transport"] == "local"
+    router_view = ReplicaLoad()
+    router_view.update_transfer({"enabled": True, "layout": layouts[0]})
+    assert router_view.kv_transfer_enabled and router_view.kv_layout.dtype == layouts[0]["dtype"]
 
 
 def test_prefill_side_hands_a_lease_that_the_decode_side_pulls_and_releases(pair):
@@ -216,7 +229,7 @@ def test_a_replica_with_transfer_off_says_so_and_computes(stories_path, pair):
         assert c.get("/kv/handshake").status_code == 503
         assert c.get("/load").json()["kv_transfer"] == {"enabled": False, "pull_bytes_per_s": None,
                                                        "bytes_per_token": None, "registered_peers": None,
-                                                       "pull_fixed_s": None}
+                                                       "pull_fixed_s": None, "layout": None}
         r = complete(c, max_tokens=2, kv_transfer_params={"do_remote_prefill": True, "remote_url": a.http.url})
         assert r.headers["x-kvmesh-kv-pull"] == "skipped"
         handle = complete(c, max_tokens=1, kv_transfer_params={"do_remote_decode": True}).json()["kv_transfer_params"]

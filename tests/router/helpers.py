@@ -64,3 +64,8 @@ def plain(candidates):
     from kvmesh.router.routing.candidates import Candidates
 
     return Candidates(dict(candidates.loads), list(candidates))
+
+
+LAYOUT = {"model": "stories", "dtype": "bfloat16", "block_size": 16, "scales_digest": "",
+          "cache_layout": "L,2,H,blocks,B,D", "tp_size": 1, "transport": "nixl"}
+"""``/load``'s ``kv_transfer.layout`` of a replica with transfer on (router/replicas/kv_share.py)."""

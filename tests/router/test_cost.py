@@ -19,7 +19,7 @@ from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies import get_policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
-from .helpers import candidates
+from .helpers import LAYOUT, candidates
 
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt
@@ -191,7 +191,7 @@ def test_load_reports_the_decode_step_fit_and_the_pull_fixed_cost():
     assert wire["kv_transfer"]["pull_fixed_s"] is None
     load = ReplicaLoad()
     load.update_report(msgspec.json.decode(msgspec.json.encode(report), type=LoadReport))
-    load.update_transfer({"enabled": True, "pull_bytes_per_s": 1e9, "pull_fixed_s": 0.004})
+    load.update_transfer({"enabled": True, "pull_bytes_per_s": 1e9, "pull_fixed_s": 0.004, "layout": LAYOUT})
     assert load.decode_step.step_s == pytest.approx(0.01) and load.pull_fixed_s == 0.004
 
 

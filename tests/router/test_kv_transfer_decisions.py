@@ -19,11 +19,12 @@ from kvmesh.router.routing.kv_placement import (
 from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies import NoReplicaError
 
-from .helpers import stored
+from .helpers import LAYOUT, stored
 
 BS = 16
 PROMPT = list(range(1000, 1000 + 32 * BS + 5))  # 32 full blocks and a tail
-TRANSFER = {"enabled": True, "pull_bytes_per_s": 10e9, "bytes_per_token": 1 << 16}  # 1 MiB blocks at 10 GB/s
+TRANSFER = {"enabled": True, "pull_bytes_per_s": 10e9, "bytes_per_token": 1 << 16,  # 1 MiB blocks at 10 GB/s
+            "layout": LAYOUT}
 
 
 def report(running: int = 0, waiting_prefill: int = 0, rate: float | None = 10_000.0) -> LoadReport:
@@ -175,7 +176,7 @@ def test_pull_and_load_back_share_one_cost_form():
 
 def test_pull_block_bytes_come_from_bytes_per_token_and_an_unmeasured_rate_is_assumed():
     load = ReplicaLoad()
-    load.update_transfer({"enabled": True, "pull_bytes_per_s": None, "bytes_per_token": 1000})
+    load.update_transfer({"enabled": True, "pull_bytes_per_s": None, "bytes_per_token": 1000, "layout": LAYOUT})
     assert load.kv_transfer_enabled and load.pull_bytes_per_s is None
     assert load.pull_s(10, BS, 0.0) is None  # no rate, none assumed: cannot be priced
     assert load.pull_s(10, BS, 0.0, assumed_bytes_per_s=16_000) == pytest.approx(10.0)

@@ -13,14 +13,20 @@ import threading
 import httpx
 import pytest
 from kvmesh.router.routing.kv_placement import KVPlacementRules
-from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
+from kvmesh.router.routing.receipts import (
+    HEADER_KV_NOT_SHARED,
+    HEADER_PREFILL,
+    HEADER_PULLED_FROM,
+    HEADER_PULLED_TOKENS,
+)
 
 from .conftest import FakeProc, fake_stats, launched_fakes, replica_rows, wait_for
+from .helpers import LAYOUT
 from .test_router_http import prompt
 
 MOVABLE = 60
 """Tokens of a 64-token prompt in full blocks a replica may reuse (all but the last token)."""
-TRANSFER = {"enabled": True, "pull_bytes_per_s": 1e9, "bytes_per_token": 64}
+TRANSFER = {"enabled": True, "pull_bytes_per_s": 1e9, "bytes_per_token": 64, "layout": LAYOUT}
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +117,18 @@ def test_chat_is_split_too_the_prefill_call_carries_the_routers_token_ids(trio, 
     assert received(p) == [{"do_remote_decode": True}]
     assert received(d)[0]["remote_url"] == p.info["url"]
     assert sample(router, "pd_splits", outcome="ok") == 1
+
+
+def test_a_prefill_replica_of_another_kv_layout_gets_no_split_and_the_receipt_says_why(trio, start_router):
+    p, d, _ = trio
+    p.configure(kv_transfer=dict(TRANSFER, layout=dict(LAYOUT, dtype="float8_e4m3fn")))  # mid-rollout to FP8
+    router = start_router([role(p, "prefill"), role(d, "decode")])
+    r = post(router, prompt(7050))
+    assert answer(r) == ("d", 0) and received(p) == [] and received(d) == []  # computed whole on d
+    assert HEADER_PREFILL not in r.headers
+    assert r.headers[HEADER_KV_NOT_SHARED] == "the KV layout of p differs from d's: dtype float8_e4m3fn on p vs " \
+                                              "bfloat16 on d"
+    assert sample(router, "pd_splits", outcome="skipped_layout") == 1
 
 
 def test_short_prompt_or_one_mostly_cached_on_the_decode_replica_is_not_split(trio, start_router):

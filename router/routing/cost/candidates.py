@@ -94,6 +94,8 @@ def price_columns(loads: CandidateLoads, device: Mapping[ReplicaId, int], host: 
         may_pull = cols.kv_transfer & mask
         if (row := row_of(holder)) is not None:
             may_pull[row] = False
+            if (layout := cols.loads[row].kv_layout) is not None:  # only a replica of its KV layout pulls from it
+                may_pull &= np.fromiter((load.kv_layout == layout for load in cols.loads), bool, n)
         pulled, pull_s = pull_columns(cols, fleet, pulls, may_pull, best - own, block_size, spt, all_priced)
     if not prompt_tokens:
         computed = np.zeros(n, dtype=np.int64)

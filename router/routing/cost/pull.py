@@ -42,8 +42,10 @@ def pull_holder(loads: Mapping[ReplicaId, ReplicaLoad], matches: Mapping[Replica
 
 
 def can_pull(chosen: ReplicaLoad, holder: ReplicaLoad, priors: PullPriors | None) -> bool:
-    """Both replicas report KV transfer on and the router plans pulls."""
-    return priors is not None and priors.enabled and chosen.kv_transfer_enabled and holder.kv_transfer_enabled
+    """Both replicas report KV transfer on with the same KV layout (router/replicas/kv_share.py) and the router plans
+    pulls."""
+    return priors is not None and priors.enabled and chosen.kv_transfer_enabled and holder.kv_transfer_enabled \
+        and chosen.kv_layout == holder.kv_layout
 
 
 def pull_seconds(chosen: ReplicaLoad, fleet: FleetRates, num_blocks: int, block_size: int,

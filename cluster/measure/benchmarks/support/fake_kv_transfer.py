@@ -62,6 +62,11 @@ async def post_json(url: str, path: str, body: JSONBody, auth: str) -> tuple[int
     return int(status_line.split()[1]), answer if isinstance(answer, dict) else {}
 
 
+FAKE_LAYOUT: JSONBody = {"model": "fake", "dtype": "bfloat16", "block_size": 16, "scales_digest": "",
+                         "cache_layout": "L,2,H,blocks,B,D", "tp_size": 1, "transport": "nixl"}
+"""``/load``'s ``kv_transfer.layout`` of a fake replica unless configured: every fake's is the same."""
+
+
 class FakeKVTransfer:
     """Leases, handles and pulls of one fake replica (see the module doc)."""
 
@@ -72,6 +77,8 @@ class FakeKVTransfer:
         """``/load``'s ``kv_transfer.enabled`` (``POST /fake/config {"kv_transfer": {...}}`` sets it)."""
         self.pull_bytes_per_s: float | None = None
         self.bytes_per_token = 64
+        self.layout: object = FAKE_LAYOUT
+        """``/load``'s ``kv_transfer.layout``, as configured (any JSON: a test plays a hostile replica with it)."""
         self.refuse_peers = 0
         """How many of the next ``POST /kv/peers`` answer 503 (a registration that does not land)."""
         self.leases: dict[str, tuple[int, list[int], str | None]] = {}
@@ -91,6 +98,7 @@ class FakeKVTransfer:
             self.pull_bytes_per_s = body.get("pull_bytes_per_s", self.pull_bytes_per_s)
             self.bytes_per_token = int(body.get("bytes_per_token", self.bytes_per_token))
             self.refuse_peers = int(body.get("refuse_peers", 0))
+            self.layout = body.get("layout", self.layout)
 
     def reset(self) -> None:
         self.received.clear()
@@ -103,7 +111,8 @@ class FakeKVTransfer:
         """``/load``'s ``kv_transfer`` object."""
         return {"enabled": self.enabled, "pull_bytes_per_s": self.pull_bytes_per_s,
                 "bytes_per_token": self.bytes_per_token if self.enabled else None,
-                "registered_peers": self.registry.num_registered if self.enabled else None}
+                "registered_peers": self.registry.num_registered if self.enabled else None,
+                "layout": self.layout if self.enabled else None}
 
     def stats(self) -> JSONBody:
         return {"kv_transfer_params": list(self.received), "leases_active": len(self.leases),
