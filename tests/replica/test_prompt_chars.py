@@ -19,7 +19,8 @@ LIMIT = 4096
 
 @pytest.fixture()
 def renderer(stories_path):
-    r = PromptRenderer(load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE), FrontendConfig(max_prompt_chars=LIMIT))
+    tokenizer = load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
+    r = PromptRenderer(tokenizer, FrontendConfig(max_prompt_chars=LIMIT))
     yield r
     r.close()
 
