@@ -29,7 +29,7 @@ def load_seconds(path: Path = SECONDS) -> dict[str, float]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-SHARED_STARTS = ("kv_cluster",)
+SHARED_STARTS = ("kv_cluster", "noisy_fleet")
 """Fixtures whose clusters test files share when one runs right after another in a process
 (tests/security/conftest.py): the files that use one follow the longest of them."""
 

@@ -19,7 +19,8 @@ class FrontendConfig:
     max_body_bytes: int = 32 << 20
     """Largest request body accepted: a larger Content-Length, or more bytes while reading, is a 413."""
     max_prompt_chars: int = 1 << 20
-    """Most characters of prompt text (all messages together) tokenized per request (400 above)."""
+    """Most characters of prompt text (all messages together, their tool calls' names and arguments too) tokenized
+    per request (400 above)."""
     max_grammar_chars: int = 64 << 10
     """Most characters of one request's regex, grammar, JSON schema (as compact JSON), ``choice`` strings (together)
     or tools' parameters (together): what the replica compiles into a grammar (400 above)."""

@@ -106,7 +106,7 @@ class PromptRenderer:
         ``template_kwargs`` are more template variables (``ChatTemplateArgs.template_kwargs``)."""
         tok = self.require_tokenizer()
         self._check_template(chat_template)
-        chars = sum(len(str(m.get("content") or "")) + len(str(m.get("reasoning") or "")) for m in messages)
+        chars = sum(_message_chars(m) for m in messages)
         chars += sum(len(str(value)) for value in (template_kwargs or {}).values())
         self._check_chars(chars, "messages")
 
@@ -185,3 +185,16 @@ class PromptRenderer:
         messages = [m.to_template_dict() for m in req.messages]
         return await self.chat(messages, req.add_generation_prompt, req.chat_template, bool(req.add_special_tokens),
                                req.template_kwargs())
+
+
+def _message_chars(message: dict[str, JsonValue]) -> int:
+    """Characters a message carries into the template (what ``max_prompt_chars`` bounds): its content, its reasoning,
+    and each tool call's name and arguments (a call counts one at least: 100,000 empty ones are not free)."""
+    n = len(str(message.get("content") or "")) + len(str(message.get("reasoning") or ""))
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            n += len(str(function.get("name") or "")) + len(str(function.get("arguments") or ""))
+        n += 1
+    return n

@@ -127,7 +127,8 @@ def test_input_items_page_by_limit_order_and_after():
 
 @pytest.mark.parametrize(("params", "param"), [({"limit": "0"}, "limit"), ({"limit": "101"}, "limit"),
                                                ({"limit": "two"}, "limit"), ({"order": "up"}, "order"),
-                                               ({"after": "msg_nope"}, "after")])
+                                               ({"after": "msg_nope"}, "after"), ({"limit": "9" * 5000}, "limit"),
+                                               ({"limit": "\u00b2"}, "limit"), ({"limit": "\u0663"}, "limit")])
 def test_bad_list_parameters_are_400s_naming_them(params, param):
     response_id, service = stored_with_input()
     with pytest.raises(ProtocolError) as e:

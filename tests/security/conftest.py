@@ -3,8 +3,9 @@
 ``kv_cluster`` is one ``kvmesh serve`` of stories260K on the session's Ray: a prefill and a decode replica, KV
 transfer on both (splits, and the same /kv routes and ``kv_transfer_params`` a peer pull uses), with a small
 KV pool (so pinning it is quick). It is parametrized over the router's ``api_key`` (``open``: none;
-``api_key``: tenants need one); each is started once and kept while the test files that follow use one, so files run
-one after another share the two clusters (tests/file_order.py hands them out together).
+``api_key``: tenants need one). ``noisy_fleet`` is the noisy-neighbour suites' router and two replica processes
+with two tenants (noisy_fleet.py). Each is started once and kept while the test files that follow use it, so files
+run one after another share it (tests/file_order.py hands them out together: its ``SHARED_STARTS``).
 
 ``record(attack, **numbers)`` keeps what an attack achieved before the test asserts it was refused: with
 ``KVMESH_SECURITY_RECORD=<file>`` each is appended to it as a JSON line (how the "before" numbers of the
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 
 import pytest
 
@@ -23,6 +25,7 @@ from ..cluster.live_cluster import start_cluster
 from ..conftest import CHAT_TEMPLATE
 from .harness import KVCluster
 from .listener import Listener
+from .noisy_fleet import start_fleet
 
 KV_POOL = "4MiB"
 """The replicas' KV cache: about 200 blocks of stories260K (1,280 bytes a token)."""
@@ -36,10 +39,19 @@ def nixl():
         pytest.skip(why)
 
 
-ALIVE: dict[str, KVCluster] = {}
-"""The clusters started for ``kv_cluster`` by parameter, kept while the process runs test files that use one."""
-KV_CLUSTER_FILES = pytest.StashKey[set]()
-"""The session's test files that use ``kv_cluster``."""
+ALIVE: dict[tuple[str, str], Callable[[], None]] = {}
+"""(fixture, parameter) -> how to stop what it started: the shared starts of the module doc, kept while the process
+runs test files that use that fixture."""
+STARTED: dict[tuple[str, str], object] = {}
+FILES_USING = pytest.StashKey[dict]()
+"""Fixture -> the session's test files that use it."""
+
+
+def _shared(name: str, param: str, start: Callable[[], object], stop: Callable[[object], None]) -> object:
+    if (name, param) not in STARTED:
+        STARTED[name, param] = started = start()
+        ALIVE[name, param] = lambda: stop(started)
+    return STARTED[name, param]
 
 
 @pytest.fixture(scope="module", params=["open", "api_key"])
@@ -47,9 +59,17 @@ def kv_cluster(request, stories_path, nixl, ray_session, tmp_path_factory):
     """See the module doc: the parameter's cluster, started on first use and kept while the tests this process
     runs next are in files that use one (``pytest_runtest_teardown`` stops them), so such files that follow each other
     share both."""
-    if request.param not in ALIVE:
-        ALIVE[request.param] = _start_kv_cluster(request.param, stories_path, tmp_path_factory)
-    return ALIVE[request.param]
+    return _shared("kv_cluster", request.param,
+                   lambda: _start_kv_cluster(request.param, stories_path, tmp_path_factory),
+                   lambda cluster: cluster.serve.stop())
+
+
+@pytest.fixture(scope="module")
+def noisy_fleet(stories_path, tmp_path_factory):
+    """See the module doc: the noisy-neighbour fleet, shared as ``kv_cluster`` is."""
+    return _shared("noisy_fleet", "",
+                   lambda: start_fleet(stories_path, tmp_path_factory.mktemp("noisy"), CHAT_TEMPLATE),
+                   lambda fleet: fleet.stop())
 
 
 def _start_kv_cluster(param: str, stories_path, tmp_path_factory) -> KVCluster:
@@ -66,22 +86,24 @@ def _start_kv_cluster(param: str, stories_path, tmp_path_factory) -> KVCluster:
 
 @pytest.hookimpl(tryfirst=True)  # before the session's fixtures (its Ray) are torn down after the last test
 def pytest_runtest_teardown(item, nextitem):
-    """Stops the ``kv_cluster`` clusters once the next test of this process is in a file that uses none (or none
-    follows)."""
-    if nextitem is not None and _file(nextitem) in _files_using_kv_cluster(item.session):
-        return
-    while ALIVE:
-        ALIVE.popitem()[1].serve.stop()
+    """Stops each shared start once the next test of this process is in a file that does not use its fixture (or
+    none follows)."""
+    for name, param in list(ALIVE):
+        if nextitem is None or _file(nextitem) not in _files_using(item.session, name):
+            STARTED.pop((name, param))
+            ALIVE.pop((name, param))()
 
 
 def _file(item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def _files_using_kv_cluster(session) -> set[str]:
-    if KV_CLUSTER_FILES not in session.stash:
-        session.stash[KV_CLUSTER_FILES] = {_file(i) for i in session.items if "kv_cluster" in i.fixturenames}
-    return session.stash[KV_CLUSTER_FILES]
+def _files_using(session, name: str) -> set[str]:
+    if FILES_USING not in session.stash:
+        session.stash[FILES_USING] = {}
+    if name not in session.stash[FILES_USING]:
+        session.stash[FILES_USING][name] = {_file(i) for i in session.items if name in i.fixturenames}
+    return session.stash[FILES_USING][name]
 
 
 @pytest.fixture(scope="session")

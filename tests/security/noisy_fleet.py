@@ -69,6 +69,8 @@ class Reading:
 class NoisyFleet:
     router: Process
     replicas: list[Process]
+    responses_db: Path
+    """The router's stored responses (SQLite), the fleet's own (never the state directory other runs share)."""
 
     @property
     def url(self) -> str:
@@ -169,11 +171,12 @@ def start_fleet(model: Path, workdir: Path, template_text: str) -> NoisyFleet:
             popen = subprocess.Popen(
                 [KVMESH, "router", "--model", str(model), "--port", str(port), "--chat-template", str(template),
                  "--admission-keys-file", str(keys), "--log-level", "warning",
+                 "--responses-path", str(workdir / "responses.sqlite3"),
                  *(arg for spec in specs for arg in ("--replica", spec))],
                 stdout=subprocess.DEVNULL, stderr=stderr, env={**base, "KVMESH_ADMIN_KEY": ADMIN_KEY})
         router = Process("router", popen, f"http://127.0.0.1:{port}")
         started.append(router)
-        fleet = NoisyFleet(router, started[:2])
+        fleet = NoisyFleet(router, started[:2], workdir / "responses.sqlite3")
         _wait_serving(fleet)
         return fleet
     except BaseException:

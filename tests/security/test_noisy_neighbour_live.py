@@ -35,8 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CHAT_TEMPLATE
-from .noisy_fleet import INTERNAL_KEY, KEYS, NoisyFleet, Reading, start_fleet
+from .noisy_fleet import INTERNAL_KEY, KEYS, NoisyFleet, Reading
 from .noisy_watch import LightTenant, Timing, Watch, p90
 
 HANG_S = 30.0
@@ -102,10 +101,9 @@ class Attack:
 
 
 @pytest.fixture(scope="module")
-def fleet(stories_path, tmp_path_factory):
-    fleet = start_fleet(stories_path, tmp_path_factory.mktemp("noisy"), CHAT_TEMPLATE)
-    yield fleet
-    fleet.stop()
+def fleet(noisy_fleet):
+    """The fleet (conftest.py's ``noisy_fleet``: the files that follow and use it share it)."""
+    return noisy_fleet
 
 
 def _warm_up(fleet: NoisyFleet) -> None:

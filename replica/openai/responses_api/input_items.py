@@ -70,7 +70,7 @@ def stored_items(input_: str | list[JsonValue] | None) -> list[JSONObject]:
 def _limit(value: str | None) -> int:
     if value is None:
         return DEFAULT_LIMIT
-    if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
+    if not (value.isascii() and value.isdigit() and len(value) <= 3) or not 1 <= int(value) <= MAX_LIMIT:
         raise ProtocolError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {echo(value, 20)}", param="limit")
     return int(value)
 

@@ -145,8 +145,7 @@ class ResponsesService:
                 raise lookup_error(req.previous_response_id, stored, "previous_response_id")
             history = stored.conversation
         model = req.model or self.model_name()
-        body = req.chat_body(history)
-        conversation = [*history, *req.input_messages()]
+        body, conversation = await _as_chat(req, history)
         try:
             answer = await chat(body)
         except ProtocolError as e:
@@ -206,6 +205,22 @@ class ResponsesService:
         finally:
             if isinstance(chunks, AsyncGenerator):
                 await chunks.aclose()  # a client that left: the chat stream (and its upstream request) ends too
+
+
+INLINE_ITEMS = 1000
+"""Input items converted to chat messages on the event loop; a longer input is converted on a thread (100,000
+items take seconds: the loop, a router's probes of its replicas among its work, must keep turning)."""
+
+
+async def _as_chat(req: ResponsesRequest, history: list[JsonValue]) -> tuple[JSONObject, list[JsonValue]]:
+    """The chat request that answers ``req`` and the conversation it continues (``history`` + its input)."""
+
+    def convert() -> tuple[JSONObject, list[JsonValue]]:
+        return req.chat_body(history), [*history, *req.input_messages()]
+
+    if isinstance(req.input, list) and len(req.input) > INLINE_ITEMS:
+        return await asyncio.to_thread(convert)
+    return convert()
 
 
 def renamed_error(body: bytes) -> bytes:
