@@ -10,10 +10,12 @@ the pull's, which starts from the router's own priors (``KVPlacementRules.peer_p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.routing.cost.measured import decode_coefficients, s_per_unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,31 +39,30 @@ class FleetRates:
 
     @classmethod
     def of(cls, loads: Iterable[ReplicaLoad]) -> FleetRates:
+        """The slowest of ``loads``, each rate taken only where it counts as measured (measured.py)."""
         prefill = decode = h2d = pull = fixed = lora = block = None
-        for load in loads:  # _slowest inlined for the three rates every load has (a decision reads this per request)
-            if (rate := load.prefill_tokens_per_s) and not rate <= 0 and (prefill is None or 1.0 / rate > prefill):
-                prefill = 1.0 / rate
-            if (rate := load.h2d_bytes_per_s) and not rate <= 0 and (h2d is None or 1.0 / rate > h2d):
-                h2d = 1.0 / rate
-            if (rate := load.pull_bytes_per_s) and not rate <= 0 and (pull is None or 1.0 / rate > pull):
-                pull = 1.0 / rate
+        for load in loads:  # a decision reads this per request: the comparisons inlined
+            if (s := s_per_unit(load.prefill_tokens_per_s)) == s and (prefill is None or s > prefill):
+                prefill = s
+            if (s := s_per_unit(load.h2d_bytes_per_s)) == s and (h2d is None or s > h2d):
+                h2d = s
+            if (s := s_per_unit(load.pull_bytes_per_s)) == s and (pull is None or s > pull):
+                pull = s
             if load.lora is not None:
                 lora = _slowest(lora, load.lora.load_bytes_per_s)
-            if load.pull_fixed_s is not None:
-                fixed = load.pull_fixed_s if fixed is None else max(fixed, load.pull_fixed_s)
+            if (f := load.pull_fixed_s) is not None and 0.0 <= f < math.inf and (fixed is None or f > fixed):
+                fixed = f
             if load.kv_block_bytes:
                 block = load.kv_block_bytes if block is None else max(block, load.kv_block_bytes)
-            step = load.decode_step
-            if step is not None and step.step_s is not None:
-                coef = (step.step_s, step.s_per_seq or 0.0, step.s_per_context_token or 0.0)
+            if (coef := decode_coefficients(load.decode_step)) is not None:
                 decode = coef if decode is None else (
                     max(decode[0], coef[0]), max(decode[1], coef[1]), max(decode[2], coef[2]))
         return cls(prefill, decode, h2d, pull, fixed, lora, block)
 
 
-def _slowest(s_per_unit: float | None, rate: float | None) -> float | None:
-    """The larger of ``s_per_unit`` and ``1 / rate`` (a rate of None or <= 0 is not a measurement)."""
-    if not rate or rate <= 0:
-        return s_per_unit
-    s = 1.0 / rate
-    return s if s_per_unit is None or s > s_per_unit else s_per_unit
+def _slowest(s_per_unit_so_far: float | None, rate: float | None) -> float | None:
+    """The larger of ``s_per_unit_so_far`` and ``1 / rate`` (a rate that is not measured, measured.py: the first)."""
+    s = s_per_unit(rate)
+    if s != s:
+        return s_per_unit_so_far
+    return s if s_per_unit_so_far is None or s > s_per_unit_so_far else s_per_unit_so_far

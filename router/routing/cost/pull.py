@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
-from kvmesh.router.routing.cost.estimate import block_bytes
 from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.measured import measured
+from kvmesh.router.routing.cost.ops import SCALAR
+from kvmesh.router.routing.cost.terms import pull_cost_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +50,8 @@ def can_pull(chosen: ReplicaLoad, holder: ReplicaLoad, priors: PullPriors | None
 
 def pull_seconds(chosen: ReplicaLoad, fleet: FleetRates, num_blocks: int, block_size: int,
                  priors: PullPriors) -> float | None:
-    """Seconds for ``chosen`` to pull ``num_blocks`` (0 for none); None when it cannot be priced."""
+    """Seconds for ``chosen`` to pull ``num_blocks`` (0 for none); None when it cannot be priced (terms.py)."""
     if num_blocks <= 0:
         return 0.0
-    nbytes = block_bytes(chosen, fleet, block_size)
-    rate = chosen.pull_bytes_per_s
-    s_per_byte = (1.0 / rate if rate and rate > 0 else fleet.pull_s_per_byte
-                  or (1.0 / priors.bytes_per_s if priors.bytes_per_s else None))
-    if nbytes is None or s_per_byte is None:
-        return None
-    fixed = chosen.pull_fixed_s if chosen.pull_fixed_s is not None else fleet.pull_fixed_s
-    return num_blocks * nbytes * s_per_byte + (priors.overhead_s if fixed is None else fixed)
+    seconds = pull_cost_s(measured(chosen), fleet, priors, num_blocks, block_size, SCALAR)
+    return seconds if seconds == seconds else None
