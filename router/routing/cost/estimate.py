@@ -116,9 +116,7 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
 
 def estimate_of(parts: terms.Parts, r: terms.Rates, c: terms.Candidate, prompt_tokens: int) -> TTFTEstimate:
     """The ``TTFTEstimate`` of one replica's ``parts`` (floats; its pace priced now)."""
-    return TTFTEstimate(  # built once (dataclasses.replace costs more than the arithmetic)
-        queue_s=parts.queue_s, interleave_s=parts.interleave_s, prefill_s=parts.prefill_s,
-        load_back_s=parts.load_back_s or 0.0, pull_s=parts.pull_s or 0.0, adapter_s=parts.adapter_s or 0.0,
-        stall_s=parts.stall_s, pace_s=terms.pace_s(r, r.m.batch, r.m.context, prompt_tokens, SCALAR),
-        evict_s=parts.evict_s, delay_s=parts.delay_s, corrected_s=parts.ttft_s, priced=r.priced, own_tokens=c.computed,
-        pulled_blocks=c.pulled or 0)
+    return TTFTEstimate(  # built once, positionally (dataclasses.replace and keywords cost more than the arithmetic)
+        parts.queue_s, parts.interleave_s, parts.prefill_s, parts.load_back_s or 0.0, parts.pull_s or 0.0,
+        parts.adapter_s or 0.0, parts.stall_s, terms.pace_s(r, r.m.batch, r.m.context, prompt_tokens, SCALAR),
+        parts.evict_s, parts.delay_s, parts.ttft_s, r.priced, c.computed, c.pulled or 0)

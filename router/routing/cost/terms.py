@@ -27,8 +27,7 @@ term reads the replica's adapter table, one replica at a time (estimate.adapter_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.ops import NAN
@@ -38,10 +37,11 @@ if TYPE_CHECKING:
 
 Value = Any
 """A float (one replica) or a numpy array over rows (every replica): numpy's operators type as Any."""
+_new = tuple.__new__
+"""Builds a named tuple below without its Python-level ``__new__`` (a call per replica priced)."""
 
 
-@dataclass(slots=True)
-class Rates:
+class Rates(NamedTuple):
     """The rates a price is computed with: the replica's own, else the fleet's slowest (one replica or every row)."""
 
     m: Any
@@ -63,18 +63,20 @@ def rates(m: Any, fleet: FleetRates, ops: Any) -> Rates:
     """``m``'s rates with the fleet's priors where it measured none (NaN: not measured; a value the same on every
     row stays a Python value, so the array evaluation skips a choice it does not need)."""
     prior, coef, h2d = fleet.prefill_s_per_token, fleet.decode_step, fleet.h2d_s_per_byte
-    spt = m.spt
+    spt, valid, h2d_spb = m.spt, m.coef_valid, m.h2d_spb
     known = spt == spt
-    if coef is None:
-        c0, c1, c2, coef_known = m.coef0, m.coef1, m.coef2, m.coef_valid
+    # ``x if cond is True else ops.where(cond, x, y)``: one replica's answer without a call (the same value)
+    if known is not True:
+        spt = ops.where(known, spt, 1.0 if prior is None else prior)
+    if coef is None or valid is True:
+        c0, c1, c2, coef_known = m.coef0, m.coef1, m.coef2, True if coef is not None else valid
     else:
-        valid = m.coef_valid
         where = ops.where
         c0, c1, c2, coef_known = where(valid, m.coef0, coef[0]), where(valid, m.coef1, coef[1]), \
             where(valid, m.coef2, coef[2]), True
-    h2d_spb = m.h2d_spb
-    return Rates(m, ops.where(known, spt, 1.0 if prior is None else prior), True if prior is not None else known,
-                 coef_known, c0, c1, c2, ops.where(h2d_spb == h2d_spb, h2d_spb, NAN if h2d is None else h2d))
+    if (h2d_known := h2d_spb == h2d_spb) is not True:
+        h2d_spb = ops.where(h2d_known, h2d_spb, NAN if h2d is None else h2d)
+    return _new(Rates, (m, spt, True if prior is not None else known, coef_known, c0, c1, c2, h2d_spb))
 
 
 def decode_step_s(r: Rates, batch: Value, context: Value, ops: Any) -> Value:
@@ -116,8 +118,7 @@ def pull_cost_s(m: Any, fleet: FleetRates, priors: PullPriors, num_blocks: Value
     return num_blocks * block_bytes(m, fleet, block_size, ops) * s_per_byte + fixed
 
 
-@dataclass(slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     """What a request does on a candidate: the tokens it computes, the blocks it loads back and pulls."""
 
     computed: Value
@@ -144,11 +145,10 @@ def candidate(r: Rates, fleet: FleetRates, device: Value, host: Value | None, pr
         pulled, pull_s = ops.where(pull, missing, 0), ops.where(pull, seconds, 0.0)
         own = own + pulled
     computed = ops.maximum(prompt_tokens - own * block_size, 1) if prompt_tokens else own * 0
-    return Candidate(computed, extra, pulled, pull_s)
+    return _new(Candidate, (computed, extra, pulled, pull_s))
 
 
-@dataclass(slots=True)
-class Parts:
+class Parts(NamedTuple):
     """A request's price on one replica (floats) or every row (arrays), by part (None: 0.0 everywhere)."""
 
     queue_s: Value
@@ -199,5 +199,5 @@ def price(r: Rates, fleet: FleetRates, c: Candidate, adapter: Value | None, bloc
     if c.pulled is not None or host is not None:
         stored = stored + ((0 if c.pulled is None else c.pulled) + (0 if host is None else host)) * block_size
     evict = m.hit_worth * stored * spt
-    return Parts(queue, interleave, prefill, load_back, c.pull_s, adapter, stall, delay, evict, ttft,
-                 choice_s(ttft, stall, delay, evict))
+    return _new(Parts, (queue, interleave, prefill, load_back, c.pull_s, adapter, stall, delay, evict, ttft,
+                        choice_s(ttft, stall, delay, evict)))
