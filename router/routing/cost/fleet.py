@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.cost.measured import decode_coefficients, s_per_unit
 
+_INF = math.inf
+
 
 @dataclass(frozen=True, slots=True)
 class FleetRates:
@@ -41,20 +43,20 @@ class FleetRates:
     def of(cls, loads: Iterable[ReplicaLoad]) -> FleetRates:
         """The slowest of ``loads``, each rate taken only where it counts as measured (measured.py)."""
         prefill = decode = h2d = pull = fixed = lora = block = None
-        for load in loads:  # a decision reads this per request: the comparisons inlined
-            if (s := s_per_unit(load.prefill_tokens_per_s)) == s and (prefill is None or s > prefill):
-                prefill = s
-            if (s := s_per_unit(load.h2d_bytes_per_s)) == s and (h2d is None or s > h2d):
-                h2d = s
-            if (s := s_per_unit(load.pull_bytes_per_s)) == s and (pull is None or s > pull):
-                pull = s
+        for load in loads:  # per request: measured.py's rule (0 < rate < inf) inlined for the three every load has
+            if (r := load.prefill_tokens_per_s) and 0.0 < r < _INF and (prefill is None or 1.0 / r > prefill):
+                prefill = 1.0 / r
+            if (r := load.h2d_bytes_per_s) and 0.0 < r < _INF and (h2d is None or 1.0 / r > h2d):
+                h2d = 1.0 / r
+            if (r := load.pull_bytes_per_s) and 0.0 < r < _INF and (pull is None or 1.0 / r > pull):
+                pull = 1.0 / r
             if load.lora is not None:
                 lora = _slowest(lora, load.lora.load_bytes_per_s)
-            if (f := load.pull_fixed_s) is not None and 0.0 <= f < math.inf and (fixed is None or f > fixed):
+            if (f := load.pull_fixed_s) is not None and 0.0 <= f < _INF and (fixed is None or f > fixed):
                 fixed = f
             if load.kv_block_bytes:
                 block = load.kv_block_bytes if block is None else max(block, load.kv_block_bytes)
-            if (coef := decode_coefficients(load.decode_step)) is not None:
+            if load.decode_step is not None and (coef := decode_coefficients(load.decode_step)) is not None:
                 decode = coef if decode is None else (
                     max(decode[0], coef[0]), max(decode[1], coef[1]), max(decode[2], coef[2]))
         return cls(prefill, decode, h2d, pull, fixed, lora, block)
