@@ -4,8 +4,8 @@ A replica reports its rates in ``/load`` once it measured them (its prefill rate
 decode step time after its first decode steps, its pull rate after its first pull...). Until then the router
 prices it as the slowest candidate that did (a conservative prior learned from the fleet, never 0). A rate no
 replica measured yet is None: the estimate leaves that part unpriced (``estimate.TTFTEstimate.priced``), except
-the pull's, which starts from the router's own priors (``KVPlacementRules.peer_pull_assumed_bytes_per_s``,
-``peer_pull_overhead_s``) until a replica measured one.
+the pull's, which starts from the router's own priors (``PullPriors``, from
+``KVPlacementRules.peer_pull_assumed_bytes_per_s`` and ``peer_pull_overhead_s``) until a replica measured one.
 """
 
 from __future__ import annotations
@@ -68,3 +68,15 @@ def _slowest(s_per_unit_so_far: float | None, rate: float | None) -> float | Non
     if s != s:
         return s_per_unit_so_far
     return s if s_per_unit_so_far is None or s > s_per_unit_so_far else s_per_unit_so_far
+
+
+@dataclass(frozen=True, slots=True)
+class PullPriors:
+    """Whether the router may plan pulls, and its priors for a fleet that has measured none."""
+
+    enabled: bool = True
+    """Peer pulls on (``KVPlacementRules.peer_pulls``)."""
+    bytes_per_s: float | None = None
+    """Pull bandwidth assumed before any replica measured one (None: no pull until one did)."""
+    overhead_s: float = 0.0
+    """Seconds a pull costs besides its bytes, before any replica measured it."""

@@ -2,32 +2,19 @@
 
 Until a replica measured its pulls it is priced with the slowest rate and largest fixed cost another candidate
 measured (fleet.py), and before any did, with the router's priors (``PullPriors``: from ``KVPlacementRules``'
-``peer_pull_assumed_bytes_per_s`` and ``peer_pull_overhead_s``).
+``peer_pull_assumed_bytes_per_s`` and ``peer_pull_overhead_s``, kept in fleet.py with the other priors).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
-from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.fleet import FleetRates, PullPriors
 from kvmesh.router.routing.cost.measured import measured
 from kvmesh.router.routing.cost.ops import SCALAR
 from kvmesh.router.routing.cost.terms import pull_cost_s
-
-
-@dataclass(frozen=True, slots=True)
-class PullPriors:
-    """Whether the router may plan pulls, and its priors for a fleet that has measured none."""
-
-    enabled: bool = True
-    """Peer pulls on (``KVPlacementRules.peer_pulls``)."""
-    bytes_per_s: float | None = None
-    """Pull bandwidth assumed before any replica measured one (None: no pull until one did)."""
-    overhead_s: float = 0.0
-    """Seconds a pull costs besides its bytes, before any replica measured it."""
 
 
 def pull_holder(loads: Mapping[ReplicaId, ReplicaLoad], matches: Mapping[ReplicaId, int], usable: int,

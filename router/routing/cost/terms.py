@@ -27,13 +27,10 @@ term reads the replica's adapter table, one replica at a time (estimate.adapter_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.fleet import FleetRates, PullPriors
 from kvmesh.router.routing.cost.ops import NAN
-
-if TYPE_CHECKING:
-    from kvmesh.router.routing.cost.pull import PullPriors
 
 Value = Any
 """A float (one replica) or a numpy array over rows (every replica): numpy's operators type as Any."""
