@@ -26,7 +26,7 @@ def column_rates(cols: LoadColumns, fleet: FleetRates) -> terms.Rates:
     return r
 
 
-def row_estimate(parts: terms.Parts, r: terms.Rates, c: terms.Candidate, row: int,
+def row_estimate(parts: terms.Parts, r: terms.Rates, c: terms.CandidateWork, row: int,
                  prompt_tokens: int) -> TTFTEstimate:
     """Row ``row``'s ``TTFTEstimate`` from ``parts`` (its pace priced now, on that row alone)."""
     def at(part: np.ndarray | None) -> float:

@@ -109,12 +109,12 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
     """The estimate on ``load``'s replica for a prompt of ``prompt_tokens`` of which it computes ``own_tokens``,
     loads ``host_blocks`` back from its host tier and pulls ``pulled_blocks`` in ``pull_s`` (pull.py)."""
     r = terms.rates(measured(load), fleet, SCALAR)
-    c = terms.Candidate(own_tokens, host_blocks or None, pulled_blocks, pull_s)
+    c = terms.CandidateWork(own_tokens, host_blocks or None, pulled_blocks, pull_s)
     return estimate_of(terms.price(r, fleet, c, adapter_s(load, fleet, lora_name), block_size, step_tokens, SCALAR),
                        r, c, prompt_tokens)
 
 
-def estimate_of(parts: terms.Parts, r: terms.Rates, c: terms.Candidate, prompt_tokens: int) -> TTFTEstimate:
+def estimate_of(parts: terms.Parts, r: terms.Rates, c: terms.CandidateWork, prompt_tokens: int) -> TTFTEstimate:
     """The ``TTFTEstimate`` of one replica's ``parts`` (floats; its pace priced now)."""
     return TTFTEstimate(  # built once, positionally (dataclasses.replace and keywords cost more than the arithmetic)
         parts.queue_s, parts.interleave_s, parts.prefill_s, parts.load_back_s or 0.0, parts.pull_s or 0.0,

@@ -115,7 +115,7 @@ def pull_cost_s(m: Any, fleet: FleetRates, priors: PullPriors, num_blocks: Value
     return num_blocks * block_bytes(m, fleet, block_size, ops) * s_per_byte + fixed
 
 
-class Candidate(NamedTuple):
+class CandidateWork(NamedTuple):
     """What a request does on a candidate: the tokens it computes, the blocks it loads back and pulls."""
 
     computed: Value
@@ -127,7 +127,7 @@ class Candidate(NamedTuple):
 
 
 def candidate(r: Rates, fleet: FleetRates, device: Value, host: Value | None, prompt_tokens: int, block_size: int,
-              may_pull: Value | None, best: int, priors: PullPriors | None, ops: Any) -> Candidate:
+              may_pull: Value | None, best: int, priors: PullPriors | None, ops: Any) -> CandidateWork:
     """A candidate holding ``device`` leading blocks (``host``: on its host tier, None: none) when the holder
     holds ``best``: it pulls the difference where it ``may_pull`` and the pull costs fewer seconds than computing
     those tokens at its rate (``device``, ``host``, ``best``: at most the prompt's reusable blocks)."""
@@ -142,7 +142,7 @@ def candidate(r: Rates, fleet: FleetRates, device: Value, host: Value | None, pr
         pulled, pull_s = ops.where(pull, missing, 0), ops.where(pull, seconds, 0.0)
         own = own + pulled
     computed = ops.maximum(prompt_tokens - own * block_size, 1) if prompt_tokens else own * 0
-    return _new(Candidate, (computed, extra, pulled, pull_s))
+    return _new(CandidateWork, (computed, extra, pulled, pull_s))
 
 
 class Parts(NamedTuple):
@@ -177,7 +177,7 @@ def choice_s(ttft: Value, stall: Value, delay: Value, evict: Value) -> Value:
     return ttft + stall + delay + evict
 
 
-def price(r: Rates, fleet: FleetRates, c: Candidate, adapter: Value | None, block_size: int, step_tokens: float,
+def price(r: Rates, fleet: FleetRates, c: CandidateWork, adapter: Value | None, block_size: int, step_tokens: float,
           ops: Any) -> Parts:
     """The parts of the price of candidate ``c`` (``adapter``: its adapter's load seconds, None: none)."""
     m, spt, own = r.m, r.spt, c.computed
