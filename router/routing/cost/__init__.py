@@ -1,9 +1,11 @@
 """The router's cost in seconds: one predicted time per candidate replica, from what each measures.
 
-One concept per file: ``fleet.py`` (priors from the other replicas for a rate not measured yet), ``estimate.py``
-(the TTFT and decode pace of one request on one replica), ``pull.py`` (a peer pull's seconds),
-``candidates.py`` (every candidate priced, with its pull; ``prices.py`` the answer, ``columns_price.py`` the
-same price for every replica at once, vectorised), ``correction.py`` (observed/predicted, learned online).
+The price is one list of terms (``terms.py``), written once over one replica's floats or every replica's arrays
+(``ops.py``: the two evaluations), from a replica's record read once (``measured.py``) and the fleet's priors for a
+rate it has not measured yet (``fleet.py``). ``estimate.py`` evaluates it on one replica (``TTFTEstimate``: the
+TTFT and decode pace of one request there), ``columns_price.py`` on every replica at once (the load columns,
+``load_columns.py``); ``candidates.py`` prices every candidate with its pull (``prices.py`` the answer),
+``pull.py`` a peer pull's seconds, ``correction.py`` the observed/predicted fit, learned online.
 Used by ``cache_aware`` (policies/cache_aware.py), ``KVRouter`` (``RouteDecision.predicted_ttft_s``) and the split
 and pull decisions (kv_placement.py). Pure, no I/O, no torch.
 """

@@ -15,17 +15,15 @@ import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
-from kvmesh.router.routing.cost.columns_price import (
-    choice_columns,
-    prefill_columns,
-    pull_columns,
-    row_estimate,
-)
-from kvmesh.router.routing.cost.estimate import TTFTEstimate, adapter_s, estimate, prefill_s_per_token
+from kvmesh.router.routing.cost import terms
+from kvmesh.router.routing.cost.columns_price import column_rates, row_estimate
+from kvmesh.router.routing.cost.estimate import TTFTEstimate, adapter_s, estimate_of
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
+from kvmesh.router.routing.cost.measured import measured
+from kvmesh.router.routing.cost.ops import ARRAY, SCALAR
 from kvmesh.router.routing.cost.prices import Prices
-from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_holder, pull_seconds
+from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_holder
 
 
 def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
@@ -60,61 +58,50 @@ def _price(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, in
            prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None, lora_name: str | None,
            fleet: FleetRates, usable: int, holder: ReplicaId | None, best: int, rid: ReplicaId) -> TTFTEstimate:
     """The estimate of candidate ``rid``, pulling from ``holder`` (which holds ``best`` blocks) when that is cheaper
-    than computing them (module doc)."""
+    than computing them (module doc): the terms on its floats."""
     load = loads[rid]
-    d = min(device.get(rid, 0), usable)
-    extra = max(0, min(host.get(rid, 0), usable) - d)
-    own = d + extra
-    pulled, pull_s = 0, 0.0
-    if holder is not None and best > own and rid != holder and can_pull(load, loads[holder], pulls):
-        seconds = pull_seconds(load, fleet, best - own, block_size, pulls)
-        spt = prefill_s_per_token(load, fleet)
-        if seconds is not None and spt is not None and seconds < (best - own) * block_size * spt:
-            pulled, pull_s = best - own, seconds
-    computed = max(prompt_tokens - (own + pulled) * block_size, 1) if prompt_tokens else 0
-    return estimate(load, fleet, prompt_tokens, computed, extra, block_size, step_tokens, pull_s, pulled, lora_name)
+    r = terms.rates(measured(load), fleet, SCALAR)
+    held = host.get(rid)
+    may_pull = None if holder is None else rid != holder and can_pull(load, loads[holder], pulls)
+    c = terms.candidate(r, fleet, min(device.get(rid, 0), usable), None if held is None else min(held, usable),
+                        prompt_tokens, block_size, may_pull, best, pulls, SCALAR)
+    parts = terms.price(r, fleet, c, adapter_s(load, fleet, lora_name), block_size, step_tokens, SCALAR)
+    return estimate_of(parts, r, c, prompt_tokens)
 
 
 def price_columns(loads: CandidateLoads, device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
                   prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
                   lora_name: str | None, fleet: FleetRates, holder: ReplicaId, best: int) -> Prices:
-    """Every candidate's ``choice_s`` in one pass over the columns (columns_price.py), pulls from ``holder`` (which
-    holds ``best`` blocks) included; a candidate's full estimate is read from the same pass when asked for."""
+    """Every candidate's ``choice_s`` in one pass over the columns: the terms on arrays (columns_price.py), pulls
+    from ``holder`` (which holds ``best`` blocks) included; a candidate's full estimate is read from the same pass
+    when asked for."""
     cols, mask = loads.columns, loads.mask
     row_of, n = cols.row, len(cols.ids)
     usable = reusable_blocks(prompt_tokens, block_size)
-    own = _scatter(device, row_of, n, usable)
-    extra = None
-    if host:
-        extra = np.maximum(_scatter(host, row_of, n, usable) - own, 0)
-        own = own + extra
-    spt, all_priced = prefill_columns(cols, fleet)
-    pulled = pull_s = None
+    r = column_rates(cols, fleet)
+    may_pull = None
     if holder is not None:
         may_pull = cols.kv_transfer & mask
         if (row := row_of(holder)) is not None:
             may_pull[row] = False
             if (layout := cols.loads[row].kv_layout) is not None:  # only a replica of its KV layout pulls from it
                 may_pull &= np.fromiter((load.kv_layout == layout for load in cols.loads), bool, n)
-        pulled, pull_s = pull_columns(cols, fleet, pulls, may_pull, best - own, block_size, spt, all_priced)
-    if not prompt_tokens:
-        computed = np.zeros(n, dtype=np.int64)
-    else:
-        computed = np.maximum(prompt_tokens - (own if pulled is None else own + pulled) * block_size, 1)
+    c = terms.candidate(r, fleet, _scatter(device, row_of, n, usable),
+                        _scatter(host, row_of, n, usable) if host else None, prompt_tokens, block_size, may_pull,
+                        best, pulls, ARRAY)
     adapter = None
     if lora_name is not None and cols.has_lora.any():
         adapter, loads_by_row = np.zeros(n), cols.loads
         for row in np.flatnonzero(cols.has_lora & mask).tolist():
             adapter[row] = adapter_s(loads_by_row[row], fleet, lora_name)
-    parts = choice_columns(cols, fleet, spt, all_priced, computed, extra, pulled, pull_s, adapter, block_size,
-                           step_tokens)
+    parts = terms.price(r, fleet, c, adapter, block_size, step_tokens, ARRAY)
     choice = parts.choice_s
     choice[loads.outside] = np.inf
 
-    def estimate_of(rid: ReplicaId) -> TTFTEstimate:
-        return row_estimate(parts, cols, fleet, row_of(rid), prompt_tokens, spt, all_priced, computed, pulled)
+    def estimate_of_row(rid: ReplicaId) -> TTFTEstimate:
+        return row_estimate(parts, r, c, row_of(rid), prompt_tokens)
 
-    return Prices(cols.ids, row_of, mask, choice, computed, {}, estimate_of)
+    return Prices(cols.ids, row_of, mask, choice, c.computed, {}, estimate_of_row)
 
 
 def _scatter(matches: Mapping[ReplicaId, int], row_of: Callable[[ReplicaId], int | None], n: int,

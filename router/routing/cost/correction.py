@@ -4,10 +4,10 @@ The estimate (estimate.py) is built from what each replica measured of itself; w
 and the replica's own request handling, the scheduler's order, requests other routers sent, a model that is not
 linear) shows as the difference between the TTFT a request then had and the one predicted for it. Each replica
 keeps a decayed least-squares fit of ``observed = offset + scale * predicted`` over its recent requests
-(``ReplicaLoad.ttft_sums``), and its next predictions go through it (``corrected``): a fixed overhead the estimate
-does not see lands in ``offset``, a rate that is off in ``scale``. Until the predictions it saw varied enough to
-tell the two apart, the fit is the ratio of the sums (``offset`` 0). Both stay bounded, so one outlier (a
-request stuck behind a preemption) cannot make a replica look free or unusable.
+(``ReplicaLoad.ttft_sums``), and its next predictions go through it (the price's ``ttft_s``, terms.py): a fixed
+overhead the estimate does not see lands in ``offset``, a rate that is off in ``scale``. Until the predictions it
+saw varied enough to tell the two apart, the fit is the ratio of the sums (``offset`` 0). Both stay bounded, so
+one outlier (a request stuck behind a preemption) cannot make a replica look free or unusable.
 """
 
 from __future__ import annotations
@@ -45,7 +45,3 @@ def observe_ttft(load: ReplicaLoad, raw_predicted_s: float, actual_s: float) -> 
         scale, offset = min(max(sy / sx, lo), hi), 0.0
     load.ttft_correction, load.ttft_offset_s = scale, offset
 
-
-def corrected(load: ReplicaLoad, raw_s: float) -> float:
-    """The replica's corrected prediction for a raw estimate of ``raw_s`` seconds."""
-    return load.ttft_offset_s + load.ttft_correction * raw_s

@@ -1,24 +1,11 @@
-"""One predicted time per candidate replica, in seconds: the request's time to first token there and its decode pace.
+"""One request's predicted time on one replica (``TTFTEstimate``), the price's terms (terms.py) evaluated on that
+replica's floats: its time to first token there, by part, its decode pace, and what its prefill takes from the
+other requests there.
 
-From what the replica measured of itself and reports in ``/load`` (router/routing/load.py), or, for a rate it has
-not measured yet, the slowest the other candidates measured (fleet.py)::
-
-    queue_s      = prefill_backlog * s_per_token              prompt tokens queued ahead, at its prefill rate
-    interleave_s = steps * decode_step_s(batch, context)      the running batch's decode steps until our first token
-                   steps = ceil((backlog + own) / step_tokens), at least 1 (0 with no batch)
-    prefill_s    = own * s_per_token                           own = prompt - what it holds or pulls (an engine
-                                                               computes at least the last token)
-    load_back_s  = host blocks * block bytes * h2d s/byte      its host tier's part of the prefix, copied back
-    pull_s       = pulled blocks * block bytes * pull s/byte + pull_fixed_s    (pull.py decides whether to pull)
-    adapter_s    = adapter bytes * load s/byte                 the request's LoRA adapter, when not resident there
-    ttft_s       = offset + scale * (sum of the above)        the replica's observed/predicted fit (correction.py)
-    stall_s      = decoding requests * prefill_s               the delay its prefill puts on the decodes there
-    pace_s       = decode_step_s(batch + 1, context + prompt)  seconds per output token once it decodes
-
-``decode_step_s(b, c) = step_s + s_per_seq * b + s_per_context_token * c`` (the replica's fit,
-replica/engine/step_time.py); before any replica measured one, a decode row is priced as one prompt token.
-No weights: every term is seconds. A prefill rate nobody measured yet leaves the estimate unpriced
-(``priced`` False: its parts are then in prompt-token units, so candidates still compare).
+From what the replica measured of itself and reports in ``/load`` (router/routing/load.py, read by measured.py),
+or, for a rate it has not measured yet, the slowest the other candidates measured (fleet.py). No weights: every
+term is seconds. A prefill rate nobody measured yet leaves the estimate unpriced (``priced`` False: its parts are
+then in prompt-token units, so candidates still compare).
 """
 
 from __future__ import annotations
@@ -26,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.routing.cost.correction import corrected
+from kvmesh.router.routing.cost import terms
 from kvmesh.router.routing.cost.fleet import FleetRates
-
-MAX_HIT_FRACTION = 0.95
-"""A replica's hit fraction counts up to this in the value of its cached tokens (``h / (1 - h)``, finite)."""
+from kvmesh.router.routing.cost.measured import measured, s_per_unit
+from kvmesh.router.routing.cost.ops import SCALAR
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -68,8 +54,8 @@ class TTFTEstimate:
     @property
     def raw_s(self) -> float:
         """The sum of the parts before the correction."""
-        return (self.queue_s + self.interleave_s + self.prefill_s + self.load_back_s + self.pull_s
-                + self.adapter_s)
+        return terms.raw_s(self.queue_s, self.interleave_s, self.prefill_s, self.load_back_s, self.pull_s,
+                           self.adapter_s)
 
     @property
     def ttft_s(self) -> float:
@@ -89,48 +75,13 @@ class TTFTEstimate:
     def choice_s(self) -> float:
         """What ``cache_aware`` minimizes: its TTFT and the seconds its prefill takes from the other requests there
         (the decodes it stalls, the arrivals it delays, the cached tokens it evicts)."""
-        return self.ttft_s + self.stall_s + self.delay_s + self.evict_s
+        return terms.choice_s(self.ttft_s, self.stall_s, self.delay_s, self.evict_s)
 
 
 def prefill_s_per_token(load: ReplicaLoad, fleet: FleetRates) -> float | None:
     """Seconds per prompt token on this replica: its measured rate, else the fleet's slowest (None: unknown)."""
-    rate = load.prefill_tokens_per_s
-    return 1.0 / rate if rate and rate > 0 else fleet.prefill_s_per_token
-
-
-def decode_step_s(load: ReplicaLoad, fleet: FleetRates, batch: int, context_tokens: float,
-                  s_per_token: float) -> float:
-    """Seconds of one decode step of ``batch`` sequences over ``context_tokens`` on this replica."""
-    if batch <= 0:
-        return 0.0
-    step = load.decode_step
-    coef = ((step.step_s, step.s_per_seq or 0.0, step.s_per_context_token or 0.0)
-            if step is not None and step.step_s is not None else fleet.decode_step)
-    if coef is None:
-        return batch * s_per_token  # no step measured anywhere: a decode row costs one prompt token
-    return coef[0] + coef[1] * batch + coef[2] * context_tokens
-
-
-def block_bytes(load: ReplicaLoad, fleet: FleetRates, block_size: int) -> int | None:
-    """Bytes one KV block of this replica moves (reported, from its bytes per token, or the fleet's)."""
-    if load.kv_block_bytes:
-        return load.kv_block_bytes
-    if load.kv_bytes_per_token:
-        return load.kv_bytes_per_token * block_size
-    return fleet.kv_block_bytes
-
-
-def load_back_s(load: ReplicaLoad, fleet: FleetRates, num_blocks: int, block_size: int,
-                s_per_token: float) -> float:
-    """Seconds to copy ``num_blocks`` back from the host tier (bandwidth unknown anywhere: as recomputing them)."""
-    if not num_blocks:
-        return 0.0
-    nbytes = block_bytes(load, fleet, block_size)
-    rate = load.h2d_bytes_per_s
-    s_per_byte = 1.0 / rate if rate and rate > 0 else fleet.h2d_s_per_byte
-    if nbytes is None or s_per_byte is None:
-        return num_blocks * block_size * s_per_token
-    return num_blocks * nbytes * s_per_byte
+    spt = s_per_unit(load.prefill_tokens_per_s)
+    return spt if spt == spt else fleet.prefill_s_per_token
 
 
 def adapter_s(load: ReplicaLoad, fleet: FleetRates, lora_name: str | None) -> float:
@@ -142,11 +93,13 @@ def adapter_s(load: ReplicaLoad, fleet: FleetRates, lora_name: str | None) -> fl
     size = lora.adapters.get(lora_name)
     if not size:
         return 0.0
-    rate = lora.load_bytes_per_s
-    s_per_byte = 1.0 / rate if rate and rate > 0 else fleet.lora_s_per_byte
+    s_per_byte = s_per_unit(lora.load_bytes_per_s)
+    if s_per_byte != s_per_byte:
+        s_per_byte = fleet.lora_s_per_byte
     if s_per_byte is None:
-        h2d = load.h2d_bytes_per_s
-        s_per_byte = 1.0 / h2d if h2d and h2d > 0 else fleet.h2d_s_per_byte
+        s_per_byte = s_per_unit(load.h2d_bytes_per_s)
+        if s_per_byte != s_per_byte:
+            s_per_byte = fleet.h2d_s_per_byte
     return size * s_per_byte if s_per_byte is not None else 0.0
 
 
@@ -155,27 +108,15 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
              lora_name: str | None = None) -> TTFTEstimate:
     """The estimate on ``load``'s replica for a prompt of ``prompt_tokens`` of which it computes ``own_tokens``,
     loads ``host_blocks`` back from its host tier and pulls ``pulled_blocks`` in ``pull_s`` (pull.py)."""
-    spt = prefill_s_per_token(load, fleet)
-    priced = spt is not None
-    if spt is None:
-        spt = 1.0
-    backlog, batch = load.prefill_backlog, load.decode_load
-    step = load.decode_step
-    context = step.context_tokens if step is not None and step.context_tokens else \
-        batch * load.recent_prompt / load.recent_requests if load.recent_requests > 0 else 0
-    steps = -(-(backlog + own_tokens) // step_tokens) if step_tokens > 0 else 1
-    step_s = decode_step_s(load, fleet, batch, context, spt)
-    prefill = own_tokens * spt
-    queue, interleave = backlog * spt, max(steps, 1) * step_s if batch else 0.0
-    load_back, adapter = load_back_s(load, fleet, host_blocks, block_size, spt), adapter_s(load, fleet, lora_name)
-    ttft = corrected(load, queue + interleave + prefill + load_back + pull_s + adapter)  # TTFTEstimate.raw_s
-    hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
-    delay = load.arrival_rate * ttft * prefill if priced else 0.0  # unpriced: no time scale for the rate
-    hit = min(hit, MAX_HIT_FRACTION)
-    stored = own_tokens + (pulled_blocks + host_blocks) * block_size  # computed, pulled, loaded back: all evict
-    return TTFTEstimate(  # built once (dataclasses.replace costs more than the arithmetic)
-        queue_s=queue, interleave_s=interleave, prefill_s=prefill, load_back_s=load_back, pull_s=pull_s,
-        adapter_s=adapter, stall_s=batch * prefill,
-        pace_s=decode_step_s(load, fleet, batch + 1, context + prompt_tokens, spt),
-        evict_s=hit / (1 - hit) * stored * spt, delay_s=delay, corrected_s=ttft,
-        priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
+    r = terms.rates(measured(load), fleet, SCALAR)
+    c = terms.CandidateWork(own_tokens, host_blocks or None, pulled_blocks, pull_s)
+    return estimate_of(terms.price(r, fleet, c, adapter_s(load, fleet, lora_name), block_size, step_tokens, SCALAR),
+                       r, c, prompt_tokens)
+
+
+def estimate_of(parts: terms.Parts, r: terms.Rates, c: terms.CandidateWork, prompt_tokens: int) -> TTFTEstimate:
+    """The ``TTFTEstimate`` of one replica's ``parts`` (floats; its pace priced now)."""
+    return TTFTEstimate(  # built once, positionally (dataclasses.replace and keywords cost more than the arithmetic)
+        parts.queue_s, parts.interleave_s, parts.prefill_s, parts.load_back_s or 0.0, parts.pull_s or 0.0,
+        parts.adapter_s or 0.0, parts.stall_s, terms.pace_s(r, r.m.batch, r.m.context, prompt_tokens, SCALAR),
+        parts.evict_s, parts.delay_s, parts.ttft_s, r.priced, c.computed, c.pulled or 0)

@@ -14,22 +14,17 @@ the order a scan of the dict does: ties break the same way.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import Replica, ReplicaId
-from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
 from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.measured import RATES, measured
 from kvmesh.router.routing.load import LoadTracker
 
-_NAN = float("nan")
 _MAX_FLEETS_KEPT = 8
 """Candidate sets whose ``FleetRates`` are kept (the routable replicas, all of them, a few pools)."""
-
-
-def _inv(rate: float | None) -> float:
-    """Seconds per unit of a measured ``rate`` (NaN: not measured, as ``FleetRates._slowest`` skips it)."""
-    return 1.0 / rate if rate and rate > 0 else _NAN
 
 
 class LoadColumns:
@@ -52,8 +47,8 @@ class LoadColumns:
         self._rates: list[tuple] = []
         self.rates_version = 0
         """Rises whenever a row's rates change (what is derived from the rates alone is kept until then)."""
-        self.derived: tuple[object, tuple] | None = None
-        """(key, arrays) the cost derived from the rates and the fleet's priors (cost/columns_price.py)."""
+        self.derived: tuple[object, Any] | None = None
+        """(key, rates) the price derived from the rows' rates and the fleet's priors (cost/columns_price.py)."""
         self._fleets: dict[object, tuple[int, FleetRates]] = {}
         self._reshape()
 
@@ -114,33 +109,19 @@ class LoadColumns:
         return row if row is not None and row < len(ids) and ids[row] == replica_id else None
 
     def _read(self, row: int, load: ReplicaLoad) -> None:
-        """Copy ``load``'s fields into ``row`` (as the cost reads them: estimate.py, fleet.py; what does not depend on
-        the request, its running context and the worth of its cached tokens, computed as estimate.py does)."""
-        step, lora = load.decode_step, load.lora
-        coef = step is not None and step.step_s is not None
-        rates = (_inv(load.prefill_tokens_per_s), _inv(load.h2d_bytes_per_s), _inv(load.pull_bytes_per_s),
-                 _NAN if load.pull_fixed_s is None else load.pull_fixed_s,
-                 _NAN if lora is None else _inv(lora.load_bytes_per_s), load.kv_block_bytes or 0, coef,
-                 step.step_s if coef else 0.0, (step.s_per_seq or 0.0) if coef else 0.0,
-                 (step.s_per_context_token or 0.0) if coef else 0.0)
+        """Copy ``load``'s fields into ``row``, as the price reads them (measured.py)."""
+        m = measured(load)
+        rates = m[:RATES]
         if rates != self._rates[row]:
             self._rates[row] = rates
             self.rates_version += 1
             (self.spt[row], self.h2d_spb[row], self.pull_spb[row], self.pull_fixed[row], self.lora_spb[row],
              self.block_bytes[row], self.coef_valid[row], self.coef0[row], self.coef1[row], self.coef2[row]) = rates
-        self.backlog[row] = load.prefill_backlog
-        self.batch[row] = batch = load.decode_load
-        self.context[row] = step.context_tokens if step is not None and step.context_tokens else \
-            batch * load.recent_prompt / load.recent_requests if load.recent_requests > 0 else 0
-        hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
-        hit = min(hit, MAX_HIT_FRACTION)
-        self.hit_worth[row] = hit / (1 - hit)
-        self.arrival[row] = load.arrival_rate
+        (self.bytes_per_token[row], self.backlog[row], self.batch[row], self.context[row], self.hit_worth[row],
+         self.arrival[row], self.offset[row], self.scale[row]) = m[RATES:]
         self.recent_prefill[row] = load.recent_prefill
         self.evicting[row] = load.evicting
-        self.offset[row], self.scale[row] = load.ttft_offset_s, load.ttft_correction
-        self.bytes_per_token[row] = load.kv_bytes_per_token or 0
-        self.kv_transfer[row], self.has_lora[row] = load.kv_transfer_enabled, lora is not None
+        self.kv_transfer[row], self.has_lora[row] = load.kv_transfer_enabled, load.lora is not None
 
     def fleet(self, mask: np.ndarray, key: object = None) -> FleetRates:
         """``FleetRates.of`` the rows in ``mask``; ``key`` names the mask (the same key, the same rows) so the

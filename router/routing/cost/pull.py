@@ -2,30 +2,19 @@
 
 Until a replica measured its pulls it is priced with the slowest rate and largest fixed cost another candidate
 measured (fleet.py), and before any did, with the router's priors (``PullPriors``: from ``KVPlacementRules``'
-``peer_pull_assumed_bytes_per_s`` and ``peer_pull_overhead_s``).
+``peer_pull_assumed_bytes_per_s`` and ``peer_pull_overhead_s``, kept in fleet.py with the other priors).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
-from kvmesh.router.routing.cost.estimate import block_bytes
-from kvmesh.router.routing.cost.fleet import FleetRates
-
-
-@dataclass(frozen=True, slots=True)
-class PullPriors:
-    """Whether the router may plan pulls, and its priors for a fleet that has measured none."""
-
-    enabled: bool = True
-    """Peer pulls on (``KVPlacementRules.peer_pulls``)."""
-    bytes_per_s: float | None = None
-    """Pull bandwidth assumed before any replica measured one (None: no pull until one did)."""
-    overhead_s: float = 0.0
-    """Seconds a pull costs besides its bytes, before any replica measured it."""
+from kvmesh.router.routing.cost.fleet import FleetRates, PullPriors
+from kvmesh.router.routing.cost.measured import measured
+from kvmesh.router.routing.cost.ops import SCALAR
+from kvmesh.router.routing.cost.terms import pull_cost_s
 
 
 def pull_holder(loads: Mapping[ReplicaId, ReplicaLoad], matches: Mapping[ReplicaId, int], usable: int,
@@ -50,14 +39,8 @@ def can_pull(chosen: ReplicaLoad, holder: ReplicaLoad, priors: PullPriors | None
 
 def pull_seconds(chosen: ReplicaLoad, fleet: FleetRates, num_blocks: int, block_size: int,
                  priors: PullPriors) -> float | None:
-    """Seconds for ``chosen`` to pull ``num_blocks`` (0 for none); None when it cannot be priced."""
+    """Seconds for ``chosen`` to pull ``num_blocks`` (0 for none); None when it cannot be priced (terms.py)."""
     if num_blocks <= 0:
         return 0.0
-    nbytes = block_bytes(chosen, fleet, block_size)
-    rate = chosen.pull_bytes_per_s
-    s_per_byte = (1.0 / rate if rate and rate > 0 else fleet.pull_s_per_byte
-                  or (1.0 / priors.bytes_per_s if priors.bytes_per_s else None))
-    if nbytes is None or s_per_byte is None:
-        return None
-    fixed = chosen.pull_fixed_s if chosen.pull_fixed_s is not None else fleet.pull_fixed_s
-    return num_blocks * nbytes * s_per_byte + (priors.overhead_s if fixed is None else fixed)
+    seconds = pull_cost_s(measured(chosen), fleet, priors, num_blocks, block_size, SCALAR)
+    return seconds if seconds == seconds else None
