@@ -18,8 +18,8 @@ import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Protocol
 
+from kvmesh.replica.openai.responses_api.open_store import open_store
 from kvmesh.replica.openai.responses_api.service import ResponsesService
-from kvmesh.replica.openai.responses_api.store import open_store
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
 from kvmesh.router.control.runtime import RouterRuntime
