@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kvmesh.replica.emulate.config import EmulationConfig
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.json_types import JSONObject
-from kvmesh.replica.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from kvmesh.replica.spec_decode.config import parse_speculative_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's --dtype also takes these names
@@ -159,11 +159,6 @@ class EngineConfig:
                              "(the profile's step times are the whole group's)")
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
             raise ValueError("hash_seed must be bytes or str (or None to generate one)")
-
-    @property
-    def speculative(self) -> SpeculativeConfig | None:
-        """``speculative_config`` read (None: speculative decoding off)."""
-        return parse_speculative_config(self.speculative_config)
 
     @property
     def tokenizer_path(self) -> str:
