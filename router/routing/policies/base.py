@@ -34,7 +34,6 @@ from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all, price_one
 from kvmesh.router.routing.tier_matches import TierMatches
 
-"""How the router names a replica (its spec's id over HTTP, an int in the simulator)."""
 Matches = Mapping[ReplicaId, int]
 """Replica id -> leading blocks of the prompt it holds (one tier's; ``TierMatches`` holds both)."""
 Loads = Mapping[ReplicaId, ReplicaLoad]
