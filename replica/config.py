@@ -50,7 +50,8 @@ class EngineConfig:
     (one byte per value with per-layer k/v scales from the checkpoint, else 1.0: about twice the blocks)."""
     kv_offload_memory: int | str | None = None
     """Host-memory KV tier per replica below the device cache, bytes or a size such as "64MiB" (vLLM's
-    --kv-offloading-size): pinned on CUDA; cached blocks are copied down and loaded back for later hits. None: no tier."""
+    --kv-offloading-size): pinned on CUDA; cached blocks are copied down and loaded back for later hits. None: no
+    tier."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the replica may use (weights + activations + KV cache), in (0, 1]."""
     num_kv_blocks: int | None = None

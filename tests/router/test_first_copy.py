@@ -80,7 +80,8 @@ def test_turnover_counts_as_far_as_the_replica_is_evicting():
     """Half evicting: 1 + 1 x 0.5 x (2 - 1) = 1.5 per uncached token at the clamp, 1 + 0.5 x (1/2 - 1) = 0.75 at the
     floor (the backlog weight also sits halfway, but nothing is queued)."""
     loads = {"busy": ReplicaLoad(recent_prefill=1024.0, evicting=0.5), "idle": ReplicaLoad(evicting=0.5)}
-    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0, "idle": 768.0}
+    assert get_policy("cache_aware_tokens", GATED, block_size=BS).costs(KEYS, {}, loads) == {"busy": 1536.0,
+                                                                                             "idle": 768.0}
 
 
 FILLING = CacheAwareTokensConfig(filling_backlog_weight=1.0, turnover_while_filling=False)
