@@ -4,10 +4,11 @@ metrics updated on the event loop (the scrape runs there too), so no lock is nee
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 Child = TypeVar("Child")
 
@@ -23,6 +24,10 @@ class LoopMetric(Generic[Child]):
 
     def new_child(self) -> Child:
         """A fresh child for a label set seen the first time."""
+        raise NotImplementedError
+
+    def collect(self) -> Iterable[Metric]:
+        """The family of every child, for a scrape."""
         raise NotImplementedError
 
     def labels(self, *values: str) -> Child:
