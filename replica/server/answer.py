@@ -30,7 +30,7 @@ Chosen = list[tuple[int, Candidate, RequestOutput]]
 """(index, candidate, final output) of each returned choice (parallel_sampling.select_choices)."""
 
 
-class Answer(ABC):
+class RenderedAnswer(ABC):
     """The answer to one request: its id and model, the candidates behind its choices, and what shapes them."""
 
     chunk_class: ClassVar[type[responses.ChatCompletionChunk] | type[responses.CompletionChunk]]

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kvmesh.replica.openai import logprobs_format, responses
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.replica.server import kv_request, parallel_sampling
-from kvmesh.replica.server.answer import Answer
+from kvmesh.replica.server.answer import RenderedAnswer
 from kvmesh.replica.server.chat_render import ChatAnswer
 from kvmesh.replica.server.completion_render import CompletionAnswer
 from kvmesh.replica.server.kv_request import client_gone
@@ -74,7 +74,7 @@ class AnswerRenderer:
         return JSONResponse(payload, headers={"X-Request-Id": responses.id_header(request_id), **headers})
 
     @staticmethod
-    def _payload(answer: Answer, finals: list[RequestOutput]) -> dict:
+    def _payload(answer: RenderedAnswer, finals: list[RequestOutput]) -> dict:
         """The whole answer as JSON: the choices (the kind's) -> the usage -> the prompt logprobs."""
         usage = total_usage(answer.candidates, finals)
         chosen = parallel_sampling.select_choices(answer.candidates, finals, answer.req.n)
@@ -85,7 +85,7 @@ class AnswerRenderer:
         return payload
 
     @staticmethod
-    async def _sse(answer: Answer, streams: list[Outputs]) -> AsyncIterator[str]:
+    async def _sse(answer: RenderedAnswer, streams: list[Outputs]) -> AsyncIterator[str]:
         """Every choice's chunks as they come (the kind's), then (``include_usage``) one usage chunk, then
         ``[DONE]``."""
         created = int(time.time())

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 from kvmesh.replica.openai import logprobs_format, responses
 from kvmesh.replica.openai.protocol import ChatCompletionRequest
 from kvmesh.replica.server import chat_answer, parallel_sampling
-from kvmesh.replica.server.answer import Answer, Chosen
+from kvmesh.replica.server.answer import Chosen, RenderedAnswer
 from kvmesh.replica.server.output_usage import check_failed, own_error, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.step.outputs import RequestOutput, TokenLogprobs
 
 
-class ChatAnswer(Answer):
+class ChatAnswer(RenderedAnswer):
     """The answer to a ``/v1/chat/completions`` request."""
 
     req: ChatCompletionRequest

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 from kvmesh.replica.openai import logprobs_format, responses
 from kvmesh.replica.openai.protocol import CompletionRequest
 from kvmesh.replica.server import parallel_sampling
-from kvmesh.replica.server.answer import Answer, Chosen
+from kvmesh.replica.server.answer import Chosen, RenderedAnswer
 from kvmesh.replica.server.output_usage import check_failed, usage_of
 from kvmesh.replica.server.parallel_sampling import Candidate, Outputs
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
 
 
-class CompletionAnswer(Answer):
+class CompletionAnswer(RenderedAnswer):
     """The answer to a ``/v1/completions`` request."""
 
     req: CompletionRequest
