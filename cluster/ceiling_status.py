@@ -35,6 +35,7 @@ def ceiling_line(figures: dict | None) -> str:
         return "single pool: no request replayed yet (the router counts one when its replica reports cached tokens)"
     prompt, ceiling, hit = figures["prompt"], figures.get("ceiling", 0.0), figures.get("hit", 0.0)
     share = f"{hit / ceiling:.1%} of the ceiling" if ceiling else "no ceiling hit yet"
-    misses = ", ".join(f"{kind.replace('_', ' ')} {figures['misses'].get(kind, 0.0) / prompt:.1%}" for kind in MISS_KINDS)
+    misses = ", ".join(f"{kind.replace('_', ' ')} {figures['misses'].get(kind, 0.0) / prompt:.1%}"
+                       for kind in MISS_KINDS)
     return (f"single pool: hits {share} (one pool of {figures.get('blocks', 0):,.0f} blocks: {ceiling / prompt:.1%} of "
             f"{prompt:,.0f} prompt tokens);\nmisses: {misses} of prompt tokens")

@@ -194,7 +194,8 @@ def _main(argv: list[str]) -> int:
         if extra is None:
             raise
         print(f"kvmesh {args.command}: needs the Python package {top!r}, which this install lacks; "
-              f"install kvmesh with its {extra} extra (pip install '.[{extra}]' in kvmesh's source tree)", file=sys.stderr)
+              f"install kvmesh with its {extra} extra (pip install '.[{extra}]' in kvmesh's source tree)",
+              file=sys.stderr)
         return 1
 
 

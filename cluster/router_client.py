@@ -1,6 +1,7 @@
 """Talking to a running router over HTTP: the replica registry and a per-replica status table.
 
-The router (router/control/router_server.py) exposes, to the admin key, ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
+The router (router/control/router_server.py) exposes, to the admin key, ``GET/POST /replicas``, ``DELETE
+/replicas/{id}``,
 ``POST /replicas/{id}/drain``, the serve process's ``/admin/{fleet,scale,rollout}``, ``/health``
 and Prometheus ``/metrics``. serve's supervisor registers replicas through this
 client (the same calls work for a router in another process or on another node); ``kvmesh

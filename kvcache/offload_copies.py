@@ -20,7 +20,8 @@ class OffloadCopies:
     """One step's copies, by block id."""
 
     job_id: int
-    """Names this step's stores (vLLM's offloading job id); the runner reports it back once they landed (``finished_offload_stores``)."""
+    """Names this step's stores (vLLM's offloading job id); the runner reports it back once they landed
+    (``finished_offload_stores``)."""
     loads: list[tuple[int, int]] = field(default_factory=list)
     """``(host_block_id, device_block_id)``: load-backs, done before the step's forward pass."""
     stores: list[tuple[int, int]] = field(default_factory=list)

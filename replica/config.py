@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kvmesh.replica.emulate.config import EmulationConfig
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.json_types import JSONObject
-from kvmesh.replica.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from kvmesh.replica.spec_decode.config import parse_speculative_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's --dtype also takes these names
@@ -50,7 +50,8 @@ class EngineConfig:
     (one byte per value with per-layer k/v scales from the checkpoint, else 1.0: about twice the blocks)."""
     kv_offload_memory: int | str | None = None
     """Host-memory KV tier per replica below the device cache, bytes or a size such as "64MiB" (vLLM's
-    --kv-offloading-size): pinned on CUDA; cached blocks are copied down and loaded back for later hits. None: no tier."""
+    --kv-offloading-size): pinned on CUDA; cached blocks are copied down and loaded back for later hits. None: no
+    tier."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the replica may use (weights + activations + KV cache), in (0, 1]."""
     num_kv_blocks: int | None = None
@@ -159,11 +160,6 @@ class EngineConfig:
                              "(the profile's step times are the whole group's)")
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
             raise ValueError("hash_seed must be bytes or str (or None to generate one)")
-
-    @property
-    def speculative(self) -> SpeculativeConfig | None:
-        """``speculative_config`` read (None: speculative decoding off)."""
-        return parse_speculative_config(self.speculative_config)
 
     @property
     def tokenizer_path(self) -> str:

@@ -80,7 +80,8 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {self.architecture!r} is not supported; use one of {SUPPORTED_ARCHITECTURES}")
+            raise ValueError(f"architecture {self.architecture!r} is not supported; use one of "
+                             f"{SUPPORTED_ARCHITECTURES}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "

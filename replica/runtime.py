@@ -8,7 +8,8 @@ server's addresses), the HTTP server its ``ReplicaServerConfig`` and the OpenAI 
 always tell a fresh incarnation.
 
 Graceful shutdown: stop accepting (/health -> 503, new requests -> 503), abort the requests still waiting
-for their grammar to compile, let the other in-flight requests finish for ``graceful_s``, abort the rest, stop HTTP, stop the engine and close the publisher
+for their grammar to compile, let the other in-flight requests finish for ``graceful_s``, abort the rest, stop HTTP,
+stop the engine and close the publisher
 (nothing is published after the engine stops, so nothing stale reaches the stream).
 """
 

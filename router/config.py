@@ -109,7 +109,8 @@ class RouterConfig:
     names (cluster/config/schema.py)."""
 
     host: str = "127.0.0.1"
-    """Address to bind (never 0.0.0.0 unless asked); "auto": 127.0.0.1 on one machine, the node's IP in a Ray cluster."""
+    """Address to bind (never 0.0.0.0 unless asked); "auto": 127.0.0.1 on one machine, the node's IP in a Ray
+    cluster."""
     port: int = 8000
     """HTTP port; 0 picks a free one."""
     model: str | None = None
@@ -137,7 +138,8 @@ class RouterConfig:
     """Bearer token for changing the replica set (POST/DELETE /replicas); None disables those endpoints (403).
     Must differ from api_key: tenants never hold it. ``kvmesh serve`` generates one for its own processes."""
     internal_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_INTERNAL_KEY", "cli": True})
-    """The cluster's internal key, sent to replicas on every call instead of upstream.replica_api_key: only it opens their KV
+    """The cluster's internal key, sent to replicas on every call instead of upstream.replica_api_key: only it opens
+    their KV
     plane (kv_transfer_params, /kv/*); must differ from api_key and admin_key. ``kvmesh serve`` generates one."""
     cache_salt_secret: bytes | None = field(default=None, repr=False)
     """SECRET: key of the replicas' cache-salt digests, 32 bytes written as 64 hex characters in a file or variable

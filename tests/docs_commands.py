@@ -9,7 +9,8 @@ shown when the Markdown is rendered)::
 
 ``KINDS`` says what each kind gets: every command of a guide runs (``run``, ``live``, ``server``) unless
 it needs a GPU, a cluster of machines, a tool kvmesh does not install or the network (``gpu``, ``cluster``,
-``external``), or installs something (``install``). A block without a marker fails the test, naming its file and line. A block
+``external``), or installs something (``install``). A block without a marker fails the test, naming its file and line. A
+block
 of text that is not commands (a diagram, a printout) takes the language ``text``.
 """
 

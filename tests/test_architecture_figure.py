@@ -20,7 +20,8 @@ def _png_size(path: Path) -> tuple[int, int]:
 def test_the_committed_picture_is_the_one_the_command_draws(tmp_path):
     drawn = draw(tmp_path / "architecture.png")
     assert DEFAULT_OUT == REPO / "docs" / "architecture.png"
-    assert _png_size(drawn) == _png_size(DEFAULT_OUT), "regenerate: python -m kvmesh.cluster.measure.architecture_figure"
+    assert _png_size(drawn) == _png_size(DEFAULT_OUT), \
+        "regenerate: python -m kvmesh.cluster.measure.architecture_figure"
 
 
 def test_the_picture_names_what_the_text_diagram_names():

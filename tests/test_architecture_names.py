@@ -42,7 +42,8 @@ def missing(text: str, paths: set[str]) -> list[str]:
 
 def test_architecture_names_only_existing_rooms_and_files():
     text = ARCHITECTURE.read_text()
-    assert len(named_paths(text)) >= 5  # a page of the map names the code it describes0  # the map names the code it describes
+    # the map names the code it describes
+    assert len(named_paths(text)) >= 5
     assert missing(text, repo_paths()) == []
 
 

@@ -20,7 +20,8 @@ GENERATED = re.compile(r"^\s*<!-- table: .*?^\s*<!-- /table -->", re.S | re.M)
 def checked_docs(root: Path = REPO) -> list[Path]:
     """The docs held to ``WIDTH``: the top-level three, the overload guide and the pages split off them."""
     docs = [root / "ARCHITECTURE.md", root / "BENCHMARKS.md", root / "README.md", root / "docs" / "overload.md"]
-    return docs + sorted((root / "docs" / "internals").glob("*.md")) + sorted((root / "docs" / "benchmarks").glob("*.md"))
+    return (docs + sorted((root / "docs" / "internals").glob("*.md"))
+            + sorted((root / "docs" / "benchmarks").glob("*.md")))
 
 
 def long_prose_lines(text: str, width: int = WIDTH) -> list[str]:

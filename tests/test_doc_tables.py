@@ -1,4 +1,5 @@
-"""The tables of README.md, BENCHMARKS.md and docs/gpu-cluster.md are what ``kvmesh bench report`` generates from the results
+"""The tables of README.md, BENCHMARKS.md and docs/gpu-cluster.md are what ``kvmesh bench report`` generates from the
+results
 files named above them (cluster/measure/benchmarks/report.py): a figure typed by hand, or a results file re-run
 without regenerating its table, fails here."""
 
@@ -46,7 +47,8 @@ def test_a_typed_figure_differs_and_the_check_names_its_table(tmp_path):
     assert main(["--check", "--root", str(tmp_path)]) == 1
     assert "45.0%" in (tmp_path / "README.md").read_text()  # --check changes nothing
     assert main(["--root", str(tmp_path)]) == 0
-    assert (tmp_path / "README.md").read_text() == f"before\n<!-- table: sim results/sim.json -->\n{table}\n<!-- /table -->\nafter\n"
+    assert (tmp_path / "README.md").read_text() == \
+        f"before\n<!-- table: sim results/sim.json -->\n{table}\n<!-- /table -->\nafter\n"
     assert main(["--check", "--root", str(tmp_path)]) == 0
 
 

@@ -85,7 +85,8 @@ def test_live_blocks_against_kvmesh_serve(guide_cluster, tmp_path):
     gets a 2xx."""
     port, env = guide_cluster
     live = [block for block in blocks() if block.kind == "live"
-            and "from agents import" not in block.text]  # the agent loop: tests/test_readme_agent_loop.py, in the SDK's venv
+            # the agent loop: tests/test_readme_agent_loop.py, in the SDK's venv
+            and "from agents import" not in block.text]
     assert live, "no live block in the guides"
     ran, skipped = [], []
     for block in live:

@@ -60,5 +60,6 @@ def test_a_link_to_a_missing_file_or_heading_is_reported(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[ok](guide.md#kvmesh-serve-two-words) [gone](missing.md) [no anchor](guide.md#three-words) "
                     "[web](https://example.com/x.md) ![img](missing.png)\n```\n[in code](nowhere.md)\n```\n")
-    assert broken_links(page) == ["missing.md: no such file", "guide.md#three-words: no heading #three-words in guide.md",
+    assert broken_links(page) == ["missing.md: no such file",
+                                  "guide.md#three-words: no heading #three-words in guide.md",
                                   "missing.png: no such file"]

@@ -1,7 +1,7 @@
 """Every module of the torch-free packages imports first, in a fresh interpreter: a module-level circle that
 runs through a package's ``__init__`` (``a.x`` imports ``b``, whose import runs ``a/__init__``, which imports
 ``a.x`` back before it is done) fails only when one of its modules is imported before the others, which a
-static graph of the files does not show (test_import_circles.py)."""
+static graph of the files does not show (test_import_graph.py)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ def test_each_install_step_is_announced_before_it_runs(install_output):
 
 
 def test_the_large_downloads_show_pips_progress(install_output):
-    torch, project = [line for line in install_output if line.startswith("PIP install") and "pip setuptools" not in line]
+    torch, project = [line for line in install_output
+                      if line.startswith("PIP install") and "pip setuptools" not in line]
     assert "torch" in torch and "-e" in project
     assert "--quiet" not in torch and "-q" not in torch.split() and "--quiet" not in project
 

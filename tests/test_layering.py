@@ -54,12 +54,15 @@ TYPE_ONLY = {"router/replicas": ("kvmesh.router.admission.room",)}
 # Per room of the router: the kvmesh modules it may import (prefixes) and the third-party modules it may not.
 _HTTP_LIBS = ("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "httpx")
 ROOMS = {
-    "router/replicas": (("kvmesh.router.replicas", "kvmesh.replica.serving", "kvmesh.events.load") + TYPE_ONLY["router/replicas"], _HTTP_LIBS),
-    "router/routing": (("kvmesh.router.routing", "kvmesh.router.replicas", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
+    "router/replicas": (("kvmesh.router.replicas", "kvmesh.replica.serving",
+                         "kvmesh.events.load") + TYPE_ONLY["router/replicas"], _HTTP_LIBS),
+    "router/routing": (("kvmesh.router.routing", "kvmesh.router.replicas", "kvmesh.router._fastpath",
+                        "kvmesh.kvcache.hashing",
                         "kvmesh.kvcache.reuse", "kvmesh.events.schema", "kvmesh.events.load", "kvmesh.replica.serving"),
                        _HTTP_LIBS),
     "router/admission": (("kvmesh.router.admission",), _HTTP_LIBS),
-    "router/http": (("kvmesh.router.http", "kvmesh.router.replicas", "kvmesh.router.routing", "kvmesh.router.admission", "kvmesh.router.config",
+    "router/http": (("kvmesh.router.http", "kvmesh.router.replicas", "kvmesh.router.routing", "kvmesh.router.admission",
+                     "kvmesh.router.config",
                      "kvmesh.replica.serving",
                      "kvmesh.replica.openai"), ("fastapi", "starlette", "uvicorn", "aiohttp")),
     "router/control": (("kvmesh.router", "kvmesh.events", "kvmesh.replica.serving", "kvmesh.replica.openai"),
@@ -118,7 +121,8 @@ def test_the_engine_core_never_imports_the_openai_layer():
 def test_the_check_sees_a_forbidden_import(tmp_path):
     """The check itself can fail: a router module importing the engine lazily is caught."""
     (tmp_path / "router").mkdir()
-    (tmp_path / "router" / "bad.py").write_text("def f():\n    from kvmesh.replica.engine.llm_engine import LLMEngine\n")
+    (tmp_path / "router" / "bad.py").write_text(
+        "def f():\n    from kvmesh.replica.engine.llm_engine import LLMEngine\n")
     assert _violations("router", tmp_path) == {"router/bad.py": ["kvmesh.replica.engine.llm_engine"]}
 
 
@@ -132,7 +136,8 @@ def test_the_room_check_sees_the_data_plane_reaching_into_control(tmp_path):
     (tmp_path / "router" / "http").mkdir(parents=True)
     (tmp_path / "router" / "http" / "bad.py").write_text("from kvmesh.router.control.runtime import RouterRuntime\n")
     (tmp_path / "router" / "routing").mkdir()
-    (tmp_path / "router" / "routing" / "bad.py").write_text("import aiohttp\nfrom kvmesh.router.http.door import Door\n")
+    (tmp_path / "router" / "routing" / "bad.py").write_text(
+        "import aiohttp\nfrom kvmesh.router.http.door import Door\n")
     assert _violations("router/http", tmp_path) == {"router/http/bad.py": ["kvmesh.router.control.runtime"]}
     assert _violations("router/routing", tmp_path) == {"router/routing/bad.py": ["aiohttp", "kvmesh.router.http.door"]}
 

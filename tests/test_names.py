@@ -94,5 +94,6 @@ def test_the_checks_see_a_short_alias_and_a_shared_class_name(tmp_path):
     (tmp_path / "router" / "a.py").write_text("import numpy as np\nfrom kvmesh.replica.openai import protocol as p\n"
                                               "class Request:\n    pass\n")
     (tmp_path / "replica" / "b.py").write_text("from . import output as o\nclass Request:\n    pass\n")
-    assert short_aliases(tmp_path) == ["router/a.py:2 kvmesh.replica.openai.protocol as p", "replica/b.py:1 .output as o"]
+    assert short_aliases(tmp_path) == ["router/a.py:2 kvmesh.replica.openai.protocol as p",
+                                       "replica/b.py:1 .output as o"]
     assert shared_class_names(tmp_path) == {"Request": ["router/a.py", "replica/b.py"]}

@@ -52,7 +52,8 @@ def test_an_issue_reference_is_found(text):
     assert references(text)
 
 
-@pytest.mark.parametrize("text", [f"t{WORD} 5", "an issue with 5 replicas", "color: #ffffff", "&#39;", "## 1,000 replicas",
+@pytest.mark.parametrize("text",
+                         [f"t{WORD} 5", "an issue with 5 replicas", "color: #ffffff", "&#39;", "## 1,000 replicas",
                                   "x[#]", "issues are few"])
 def test_what_is_no_issue_reference_passes(text):
     assert references(text) == []

@@ -35,7 +35,8 @@ def test_wheel_contains_only_namespaced_packages(tmp_path):
     for layer in LAYERS:
         shutil.copytree(REPO_ROOT / layer, source / layer, ignore=ignore)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
+         str(source)],
         check=True,
         capture_output=True,
         text=True,

@@ -65,7 +65,8 @@ def test_a_streamed_response_sends_the_events_in_order(cluster):
 def test_function_tools_then_a_tool_output_turn(cluster):
     router = cluster.router
     ann = client(router)
-    first = ann.responses.create(model="stories", input="weather in paris?", tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+    first = ann.responses.create(model="stories", input="weather in paris?", tools=TOOLS, tool_choice="required",
+                                 parallel_tool_calls=False,
                                  max_output_tokens=96, temperature=0)
     calls = [item for item in first.output if item.type == "function_call"]
     assert calls and first.status == "completed"

@@ -3,9 +3,8 @@
 A package's rooms are its sub-folders and its top-level modules (``replica/worker/``, ``replica/interfaces.py``);
 an import of one room's module by another room's module is a door from the first to the second, whether it is
 at module level, inside a function or under ``TYPE_CHECKING``. ARCHITECTURE.md draws each package's rooms with
-one-way doors: a pair of rooms with doors both ways is a wall that was drawn by moving files, not cut. The
-module-level circle check (test_import_circles.py) cannot see such a pair when the modules on the two sides
-differ; this one can.
+one-way doors: a pair of rooms with doors both ways is a wall that was drawn by moving files, not cut.
+test_import_graph.py finds any circle of rooms, at every depth; this one names each pair's doors both ways.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_import_circles import ROOT, TOPS, kvmesh_modules
+from .test_import_graph import ROOT, TOPS, kvmesh_modules
 
 
 def _room(module: str) -> tuple[str, str] | None:

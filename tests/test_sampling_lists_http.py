@@ -39,7 +39,8 @@ def test_a_stop_list_at_the_limit_is_served(pair):
 
 
 def test_repeated_token_ids_cost_what_their_distinct_ids_cost(pair):
-    """150,000 ids naming 100 tokens (and 30,000 stop ids, banned until ``min_tokens``), for 16 choices of 32 tokens: served at once, every token one of them (the
+    """150,000 ids naming 100 tokens (and 30,000 stop ids, banned until ``min_tokens``), for 16 choices of 32 tokens:
+    served at once, every token one of them (the
     engine once rebuilt each row's list for every step: seconds per token, every other request stalled)."""
     allowed = list(range(300, 400))
     ids, stop_ids = allowed * 1500, list(range(400, 500)) * 300

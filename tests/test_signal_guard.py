@@ -71,6 +71,7 @@ def test_a_suite_started_with_ctrl_c_ignored_gives_it_back(tmp_path):
     tests start) get Ctrl-C's default action back, and the header says so."""
     (tmp_path / "test_x.py").write_text(LATER)
     (tmp_path / "conftest.py").write_text(CONFTEST + "\ndef pytest_configure(config):\n    guard.started_ignoring()\n")
-    done = subprocess.run(["bash", "-c", f'trap "" INT; exec {sys.executable} -m pytest -q -p no:randomly -p no:cacheprovider'],
+    done = subprocess.run(["bash", "-c",
+                           f'trap "" INT; exec {sys.executable} -m pytest -q -p no:randomly -p no:cacheprovider'],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -104,7 +104,8 @@ def test_whitespace_is_left_out_unless_asked_for(pair):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
         "a": {"type": 7}}}}}}, "response_format"),
     ({"structured_outputs": {"regex": "([a-z]"}}, "structured_outputs"),
     ({"guided_regex": "(yes"}, "guided_regex"),

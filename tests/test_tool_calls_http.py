@@ -25,7 +25,8 @@ FRONTEND = FrontendConfig(chat_template=CHATML_TOOLS_TEMPLATE, enable_auto_tool_
                           tool_call_parser="hermes")
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["paris", "rome"]}, "days": {"type": "integer",
            "minimum": 1, "maximum": 9}}, "required": ["city", "days"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": WEATHER}},
+TOOLS = [{"type": "function",
+          "function": {"name": "get_weather", "description": "the forecast", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "parameters": {
              "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
              "additionalProperties": False}}}]

@@ -61,7 +61,8 @@ def decisions(log: Path) -> list[tuple[int, int]]:
 @pytest.fixture
 def replica(stories_path):
     runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20),
-                                   ReplicaServerConfig(port=0, event_port=0, replay_port=0, served_model_name="stories"))
+                                   ReplicaServerConfig(port=0, event_port=0, replay_port=0,
+                                                       served_model_name="stories"))
     yield runtime
     runtime.shutdown(graceful_s=1)
 
@@ -133,7 +134,8 @@ def small_replica(stories_path, request):
     """A replica with a ~50-block device pool, with or without a 64 MiB host tier."""
     runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory="1MiB",
                                                 kv_offload_memory=request.param),
-                                   ReplicaServerConfig(port=0, event_port=0, replay_port=0, served_model_name="stories"))
+                                   ReplicaServerConfig(port=0, event_port=0, replay_port=0,
+                                                       served_model_name="stories"))
     yield runtime
     runtime.shutdown(graceful_s=1)
 

@@ -262,7 +262,8 @@ def _a_mood(body: dict) -> bool:
         value = json.loads(text(body))
     except ValueError:
         return False
-    return isinstance(value, dict) and set(value) == {"mood", "ok"} and value["mood"] in ("happy", "sad") and isinstance(value["ok"], bool)
+    return (isinstance(value, dict) and set(value) == {"mood", "ok"} and value["mood"] in ("happy", "sad")
+            and isinstance(value["ok"], bool))
 
 
 def constrains(name: str, value: object, holds: Callable[[dict], bool], bad: object) -> Callable[[Ask], None]:
@@ -282,7 +283,8 @@ def _in_yes_no(body: dict) -> bool:
 
 def _guided_decoding_backend(ask: Ask) -> None:
     assert text(ok(ask({"guided_choice": list(YES_NO), "guided_decoding_backend": "xgrammar"}))) in YES_NO
-    assert refused(ask({"guided_choice": list(YES_NO), "guided_decoding_backend": "outlines"}), "guided_decoding_backend")
+    assert refused(ask({"guided_choice": list(YES_NO), "guided_decoding_backend": "outlines"}),
+                   "guided_decoding_backend")
 
 
 STRUCTURED_OUTPUTS: dict[str, Callable[[Ask], None]] = {

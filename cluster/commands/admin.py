@@ -27,7 +27,8 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
                         help="file holding the admin key, or a cluster record (default: $KVMESH_ADMIN_KEY, else the "
                              "record of the cluster at --url in ~/.cache/kvmesh/clusters/)")
     parser.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
-                        help="wait up to this long for the operation to finish; 0 = return at once (default %(default)s)")
+                        help="wait up to this long for the operation to finish; 0 = return at once (default "
+                             "%(default)s)")
 
 
 def run_admin(args: argparse.Namespace, command: str, call: Callable[[RouterClient], dict],

@@ -48,7 +48,8 @@ def describe(answer: dict) -> str:
                 + (f": {', '.join(done)}" if done else ""))
     else:
         done = answer.get("unloaded_from") or []
-        line = f"{answer.get('lora_name')} unloaded from {len(done)} replica(s)" + (f": {', '.join(done)}" if done else "")
+        line = (f"{answer.get('lora_name')} unloaded from {len(done)} replica(s)"
+                + (f": {', '.join(done)}" if done else ""))
     return line + "".join(f"; {rid} failed: {why}" for rid, why in failed.items())
 
 

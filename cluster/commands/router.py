@@ -1,6 +1,7 @@
 """``kvmesh router``: the KV-cache-aware router in front of any set of replicas.
 
-    kvmesh router --model PATH --replica http://127.0.0.1:8100,events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558 \\
+    kvmesh router --model PATH --replica http://127.0.0.1:8100,events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558
+    \\
                   --replica http://127.0.0.1:8101,events=tcp://127.0.0.1:5559,replay=tcp://127.0.0.1:5560
     kvmesh router --config router.yaml --replica ...     # a file with a router: section, as in serve's
 

@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown policies {unknown}; registered: {registered}")
         moves = kv_transfer_variants(config) if compare.pd_compare else None
         report = compare_policies(records, config, policies, show_progress=not args.no_progress,
-                                  with_ceilings=compare.ceilings, variants=variants(args.routers, compare.sessions, moves,
+                                  with_ceilings=compare.ceilings,
+                                  variants=variants(args.routers, compare.sessions, moves,
                                                                     lora_variants(config, compare.adapter_affinity)),
                                   ttft_slo_s=ttft_slo_s("multi_turn" if w.synthetic else w.workload))
     except (TraceError, ValueError) as e:

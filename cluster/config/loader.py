@@ -40,7 +40,8 @@ def load(schema: Schema[Root], path: str | Path | None = None, overrides: Mappin
     for opt in schema.options:
         for var in opt.envs:
             if env.get(var):
-                _set(data, opt, value_from_text(env[var], opt.type) if not (opt.is_mapping or opt.is_sequence) else env[var], var)
+                _set(data, opt,
+                     value_from_text(env[var], opt.type) if not (opt.is_mapping or opt.is_sequence) else env[var], var)
     for dotted, value in (overrides or {}).items():
         opt = _known(schema, dotted, "command line")
         _set(data, opt, value, "command line")
@@ -83,7 +84,8 @@ def convert(schema: Schema[Root], data: Tree, source: str) -> Root:
 def _merge(schema: Schema[Root], data: Tree, given: Mapping[str, YamlValue], source: str) -> None:
     for section, values in given.items():
         if section not in schema.sections:
-            raise ConfigError(f"{source}: unknown section {section!r}{did_you_mean(str(section), list(schema.sections))}; "
+            hint = did_you_mean(str(section), list(schema.sections))
+            raise ConfigError(f"{source}: unknown section {section!r}{hint}; "
                               f"sections: {', '.join(schema.sections)}")
         if values is None:
             continue

@@ -74,7 +74,8 @@ class Option:
     flag: str
     """CLI flag, e.g. ``--block-size``."""
     sub: str = ""
-    """The nested section it is in (``events`` for ``router.events.max_payload_bytes``); "" for a section's own field."""
+    """The nested section it is in (``events`` for ``router.events.max_payload_bytes``); "" for a section's own
+    field."""
     prefix: str = ""
     """What its flat name starts with (``sub``, or the nested section's ``metadata["prefix"]``; "": none)."""
 
@@ -125,7 +126,8 @@ class Option:
     @property
     def is_mapping(self) -> bool:
         """A dict of values (also ``dict[...] | None``): a repeatable NAME=VALUE flag, a comma-separated variable."""
-        return typing.get_origin(self.type) is dict or any(typing.get_origin(a) is dict for a in typing.get_args(self.type))
+        return typing.get_origin(self.type) is dict or any(typing.get_origin(a) is dict
+                                                             for a in typing.get_args(self.type))
 
     @property
     def is_sequence(self) -> bool:

@@ -283,7 +283,8 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden=ROUTER_FIXED | {
     "router.upstream.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
     "router.internal_key": "serve generates the internal key for the router and its replicas",
-    "router.cache_salt_secret": "serve derives it from engine.hash_seed (its cluster record holds it for other routers)",
+    "router.cache_salt_secret":
+        "serve derives it from engine.hash_seed (its cluster record holds it for other routers)",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
     "kv_transfer.enabled": "serve turns it on as replicas.kv_transfer says (auto: when there are prefill replicas)",
     "kv_transfer.transport": "serve's replicas move KV over nixl (the local transport works only inside one process)",

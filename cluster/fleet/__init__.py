@@ -1,1 +1,2 @@
-"""kvmesh.cluster.fleet: a started cluster's replica set changed at runtime: scale / drain / rollout (operations.py), autoscaler."""
+"""kvmesh.cluster.fleet: a started cluster's replica set changed at runtime: scale / drain / rollout (operations.py),
+autoscaler."""

@@ -61,7 +61,8 @@ class DeploymentFleet(Fleet):
             raise ValueError(f"cannot scale {name} to {replicas} replicas: a deployment keeps at least 1")
         operation = f"scale {name} to {replicas}"
         self.enqueue(operation, self.scale_deployment, name, replicas)
-        return {"accepted": True, "operation": operation, "replicas": self.deployment_ids(name), "role": self.serving_role,
+        return {"accepted": True, "operation": operation, "replicas": self.deployment_ids(name),
+                "role": self.serving_role,
                 "deployment": name}
 
     def scale_deployment(self, name: str, replicas: int) -> None:
@@ -88,7 +89,8 @@ class DeploymentFleet(Fleet):
         return super().request_remove(replica_id)
 
     def request_rollout(self, engine: EngineChanges | None = None, deployment: str | None = None) -> Accepted:
-        if self.busy and self.busy.startswith("rollout") or any(op[0].startswith("rollout") for op in list(self._ops.queue)):
+        queued = list(self._ops.queue)
+        if self.busy and self.busy.startswith("rollout") or any(op[0].startswith("rollout") for op in queued):
             raise RuntimeError("a rolling restart is already running; GET /admin/fleet shows its progress")
         unit = self.unit(deployment)
         new_engine = unit.engine

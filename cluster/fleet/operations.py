@@ -130,9 +130,12 @@ class Fleet:
         if self.config.scale_with_load and role != PREFILL:
             low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
         if role == PREFILL and replicas and not self.st.kv_transfer.enabled:
-            raise ValueError(f"cannot start prefill replicas: this cluster's replicas run without KV transfer (replicas."
-                             f"kv_transfer={self.cluster.config.replicas.kv_transfer}; auto is on only when serve starts with "
-                             "prefill replicas), and a prefill replica hands its KV over it: serve with --kv-transfer on")
+            raise ValueError(f"cannot start prefill replicas: this cluster's replicas run without KV transfer "
+                             f"(replicas."
+                             f"kv_transfer={self.cluster.config.replicas.kv_transfer}; auto is on only when serve "
+                             f"starts with "
+                             "prefill replicas), and a prefill replica hands its KV over it: serve with --kv-transfer "
+                             "on")
         what = f"{role} replicas" if role == PREFILL else "replicas"
         if not low <= replicas <= high:
             raise ValueError(f"cannot scale to {replicas} {what}: allowed {low}..{high} ({why})")

@@ -142,7 +142,8 @@ class ServeCluster:
             st.router = start_router(router_config, workers)
         if self.admin_keys_dir is not None:  # once the router listens: the URL of the set's owner names the record
             self.admin_key_file = admin_key_store.publish(
-                st.router.control_url if cfg.routers.placed else self.url, admin_key, self.admin_keys_dir or None, api_key=self.config.router.api_key,
+                st.router.control_url if cfg.routers.placed else self.url, admin_key, self.admin_keys_dir or None,
+                api_key=self.config.router.api_key,
                 router_secrets=admin_key_store.RouterSecrets.of(router_config))
         if cfg.routers.placed:
             self.report(f"routers: {', '.join(st.router.urls)} on Ray nodes; the replica set is owned by this "
@@ -209,9 +210,11 @@ class ServeCluster:
 
     def check_capacity(self, num_replicas: int) -> None:
         """CapacityError unless the nodes hold ``num_replicas`` replicas (placement.check_serve_capacity)."""
-        placement.check_serve_capacity(self.config, self.replica_bundles(), num_replicas, self.state.ray.owned, self.report)
+        placement.check_serve_capacity(self.config, self.replica_bundles(), num_replicas, self.state.ray.owned,
+                                       self.report)
 
-    def start_replica(self, group: placement.ReplicaPlacement, role: Role, unit: DeploymentUnit | None = None) -> ReplicaHandle:
+    def start_replica(self, group: placement.ReplicaPlacement, role: Role,
+                      unit: DeploymentUnit | None = None) -> ReplicaHandle:
         """Start replica ``group.replica_index``'s actor of ``role`` in its placement group (not yet ready);
         ``unit``: a replica of that deployment (its engine, served name, bundles), else of the one model.
 
@@ -225,7 +228,8 @@ class ServeCluster:
         own = unit.config if unit is not None else cfg  # a deployment's replica: its parallelism and GPU share
         rc, tp, i = cfg.replicas, own.engine.tensor_parallel_size, group.replica_index
         bundles = unit.bundles if unit is not None else self.replica_bundles()
-        engine, served = (unit.engine, unit.served_model_name) if unit is not None else (st.engine, st.served_model_name)
+        engine, served = (unit.engine, unit.served_model_name) if unit is not None else (st.engine,
+                                                                                         st.served_model_name)
         actor_bundle = placement.actor_bundle_index(tp)
         replica_id = replica_name(i, role)
         options = ReplicaOptions(

@@ -13,9 +13,11 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "architecture.png"
 
 CLIENTS = "clients\nOpenAI API\nover HTTP, SSE"
 ROUTER = "router\nprefix index per replica\n(fed by KV events)\npolicy cache_aware_tokens,\nadmission, tenants"
-REPLICAS = [f"replica {i}\nengine: scheduler, paged KV cache,\nprefix caching, TP worker actors" for i in ("0", "1", "N-1")]
+REPLICAS = [f"replica {i}\nengine: scheduler, paged KV cache,\nprefix caching, TP worker actors" for i in ("0", "1",
+                                                                                                           "N-1")]
 RAY = "Ray: places the replicas on GPUs (or CPUs) and restarts them"
-EVENTS = "KV events over ZeroMQ PUB\nBlockStored / BlockRemoved / AllBlocksCleared\n(+ replay / snapshot on a ROUTER socket)"
+EVENTS = ("KV events over ZeroMQ PUB\nBlockStored / BlockRemoved / AllBlocksCleared\n"
+          "(+ replay / snapshot on a ROUTER socket)")
 LABELS = (CLIENTS, ROUTER, *REPLICAS, RAY, EVENTS)
 """Every text the picture shows."""
 

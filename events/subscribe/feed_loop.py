@@ -7,7 +7,8 @@ snapshot requests ``ReplayRequests`` (replay_requests.py), bad frames ``FrameGua
 Sources are served fairly: each turn of the loop reads every ready socket for at most
 ``source_turn_s`` (at least one message), and a source whose decoding and applying took more than its
 ``source_busy_share`` of the thread is not read until it paid that back (its socket is left alone: the
-flood waits in its publisher); ``SourceTurns`` (source_turns.py) reads and pauses. What a connection of ours received and ZeroMQ has not handed over is
+flood waits in its publisher); ``SourceTurns`` (source_turns.py) reads and pauses. What a connection of ours received
+and ZeroMQ has not handed over is
 counted every ``conn_bytes.CHECK_S`` (also the longest the loop sleeps while there is one to count);
 past ``max_connection_bytes`` it is cut off.
 """

@@ -4,7 +4,8 @@ A source's frames are taken in turns: every pending frame is read (at most ``MAX
 queue holds no more, ``LOAD_RCVHWM``), only the newest load frame of the turn is decoded and checked (an update is
 a whole load: an older one in the same turn says nothing the newest does not), and at most
 ``load_updates_per_s`` updates a second are taken from it (every ``FRAMES_PER_UPDATE`` frames read count as one
-more). A source beyond that is not read until its bucket refilled: its flood waits in ZeroMQ's queue and then in its own publisher, and costs this process nothing more.
+more). A source beyond that is not read until its bucket refilled: its flood waits in ZeroMQ's queue and then in its own
+publisher, and costs this process nothing more.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ class AttentionBackend(Protocol):
 
     @staticmethod
     def supports_static_prefill(block_size: int) -> bool:
-        """Whether one-request prefill steps have fixed shapes at this block size (replica/worker/graphs/prefill_graph.py)."""
+        """Whether one-request prefill steps have fixed shapes at this block size
+        (replica/worker/graphs/prefill_graph.py)."""
 
     def build(self, common: CommonAttentionMetadata) -> AttentionMetadata:
         """Per-step metadata derived once and shared by all layers."""

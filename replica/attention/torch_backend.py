@@ -9,7 +9,8 @@ no transposes, exactly the ``[heads, keys, head_dim]`` operand batched matmuls w
 Decode rows (one query token each) are attended together in a few groups: the runner orders them
 longest first, and rows whose context is at least half the group's longest share a group. A
 group's blocks are gathered into ``[Hk * rows, L, Dh]`` (L = its longest context in whole
-blocks), keys past each row's ``seq_len`` get -inf. Grouping bounds the padding the gather copies. Prefill chunks run one request at a time with the causal diagonal shifted by
+blocks), keys past each row's ``seq_len`` get -inf. Grouping bounds the padding the gather copies. Prefill chunks run
+one request at a time with the causal diagonal shifted by
 the cached prefix: query i (position ctx + i) sees keys 0..ctx + i.
 """
 
@@ -179,7 +180,8 @@ class TorchAttentionBackend:
         scores.view(num_kv_heads, d, gqa, -1).add_(dg.bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         if v_scale is not None:  # FP8 values: gathered and dequantized like the keys (no embedding_bag over FP8)
-            values = _gather(kv_cache[1].view(-1, block_dim), rows, v_scale, q.dtype).view(num_kv_heads * d, -1, head_dim)
+            values = _gather(kv_cache[1].view(-1, block_dim), rows, v_scale, q.dtype).view(num_kv_heads * d, -1,
+                                                                                           head_dim)
             out = torch.bmm(probs, values)  # [Hk * D, G, Dh]
             return out.view(num_kv_heads, d, gqa, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
         # probs @ V without gathering V: each query head's output is a weighted sum of value rows

@@ -123,7 +123,8 @@ def merge_splits(acc, m_i, l_i, partial_ptr, lse_ptr, counter_ptr, out_ptr, q_st
             ok = (sub // G < BLOCK_Q) & (sub_q < q_len)
             tok, head = (q_start + sub_q).to(tl.int64), kv_head * G + sub % G
             base = (tok * num_heads + head) * NUM_SPLITS  # [MERGE_ROWS] split 0's part row
-            lse_all = tl.load(lse_ptr + base[:, None] + offs_s[None, :], mask=ok[:, None] & (offs_s < NUM_SPLITS)[None, :],
+            lse_all = tl.load(lse_ptr + base[:, None] + offs_s[None, :],
+                              mask=ok[:, None] & (offs_s < NUM_SPLITS)[None, :],
                               other=float("-inf"), cache_modifier=".cg")  # [MERGE_ROWS, SPLITS_PADDED]
             lse_max = tl.max(lse_all, 1)
             lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # padding rows: no part has a key

@@ -290,6 +290,7 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0), k_scale, v_scale,
         BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
         HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, TILE=TILE_N, NUM_SPLITS=num_splits,
-        SPLITS_PADDED=triton.next_power_of_2(num_splits), MERGE_ROWS=MIN_BLOCK_M, DECODE_WRITE=new_kv is not None, HALF=head_dim // 2,
+        SPLITS_PADDED=triton.next_power_of_2(num_splits), MERGE_ROWS=MIN_BLOCK_M, DECODE_WRITE=new_kv is not None,
+        HALF=head_dim // 2,
         KV_QUANT=kv_quant, FP8_MAX=fp8_max)
     return out

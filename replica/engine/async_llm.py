@@ -85,7 +85,8 @@ class AsyncLLM:
     @classmethod
     def from_config(cls, config: EngineConfig, hf_tokenizer: HFTokenizer | None = None,
                     model_runner: ModelRunnerInterface | None = None, events: PublisherConfig | None = None,
-                    placement_group: PlacementGroup | None = None, **executor_kwargs: Unpack[ExecutorOptions]) -> AsyncLLM:
+                    placement_group: PlacementGroup | None = None,
+                    **executor_kwargs: Unpack[ExecutorOptions]) -> AsyncLLM:
         """Model runner, engine (build.py) and its thread; ``hf_tokenizer``: the server's, to detokenize."""
         return cls(engine=build_engine(config, hf_tokenizer, model_runner, events, placement_group, **executor_kwargs))
 
@@ -171,7 +172,8 @@ class AsyncLLM:
                            peer: str = "local", lease_id: str | None = None, lora_name: str | None = None,
                            lora_identity: str | None = None) -> Lease:
         """Hold the prompt's cached leading blocks for ``peer`` (``/kv/lease``), or show lease ``lease_id`` when it
-        holds this prompt's chain (leases.py; ``LeaseRefused`` otherwise or past a cap). Hashed off the engine thread."""
+        holds this prompt's chain (leases.py; ``LeaseRefused`` otherwise or past a cap). Hashed off the engine
+        thread."""
         hasher = await asyncio.to_thread(block_hasher, self.engine.kv_cache_manager, prompt_token_ids, cache_salt,
                                          lora_name, lora_identity)
         return await self._ask(lambda granted: LeaseBlocks(hasher.block_hashes, ttl_s, peer, granted, lease_id))

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 def build_engine(config: EngineConfig, hf_tokenizer: HFTokenizer | None = None,
                  model_runner: ModelRunnerInterface | None = None, events: PublisherConfig | None = None,
-                 placement_group: PlacementGroup | None = None, **executor_kwargs: Unpack[ExecutorOptions]) -> LLMEngine:
+                 placement_group: PlacementGroup | None = None,
+                 **executor_kwargs: Unpack[ExecutorOptions]) -> LLMEngine:
     """A serving engine and its model runner (a TP executor for tensor_parallel_size > 1; shut down if the engine
     cannot be built)."""
     if model_runner is None:

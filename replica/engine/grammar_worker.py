@@ -5,7 +5,8 @@ model's tokenizer once, then compiles one constraint at a time as the pool sends
     worker -> pool   ("ready",) once; then per job (job id, the CompiledGrammar as JSON | None, error | None, seconds)
 
 Its module is preloaded by the fork server (xgrammar and torch imported once), so a new worker starts in
-milliseconds. It dies with its parent (Linux's parent-death signal), so a replica killed mid-compile leaves no compile behind; the pool kills it when a compile overruns or
+milliseconds. It dies with its parent (Linux's parent-death signal), so a replica killed mid-compile leaves no compile
+behind; the pool kills it when a compile overruns or
 every request waiting for it is gone.
 """
 

@@ -33,6 +33,7 @@ from kvmesh.replica.executor.factory import local_draft_model
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
+from kvmesh.replica.spec_decode.config import parse_speculative_config
 from kvmesh.replica.spec_decode.drafting import accept_drafts, make_drafter
 from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
@@ -77,7 +78,11 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
-        self.scheduler.drafter = make_drafter(self, local_draft_model)  # speculative decoding (spec_decode/)
+        spec = parse_speculative_config(config.speculative_config)  # checked by the config already
+        self.scheduler.drafter = make_drafter(  # speculative decoding (spec_decode/)
+            spec, self.max_model_len, config.seed,
+            lambda: local_draft_model(config, spec, self.vocab_size, self.max_model_len, self.num_kv_blocks),
+            lambda: self.scheduler.running)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)

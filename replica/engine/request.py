@@ -51,9 +51,11 @@ class Request:
     """
 
     __slots__ = (
-        "engine_request", "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "lora_identity", "lora_request", "eos_token_ids",
+        "engine_request", "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name",
+        "lora_identity", "lora_request", "eos_token_ids",
         "stop_token_ids",
-        "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "num_host_cached_tokens", "status",
+        "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens",
+        "num_host_cached_tokens", "status",
         "stop_reason", "error", "error_param", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
         "logprobs", "prompt_logprobs", "num_output_placeholders", "priority", "structured_output",
@@ -98,7 +100,8 @@ class Request:
         self.num_output_placeholders = 0
         self.spec_token_ids: list[int] | None = None  # drafts scheduled this step (spec_decode/); None: never looked
         self.structured_output = None  # its grammar and matcher (engine/structured_output.py); None: unconstrained
-        self.remote_kv = engine_request.remote_kv  # its kv_transfer_params: a pull before it runs, a lease at its finish (None: neither)
+        # its kv_transfer_params: a pull before it runs, a lease at its finish (None: neither)
+        self.remote_kv = engine_request.remote_kv
         self.kv_pull: PullResult | None = None  # how its pull went, once it ended (kv_transfers.py)
         # A request asking prompt logprobs needs the logits of every prompt position: it computes its whole
         # prompt instead of reading the prefix cache (vLLM's rule); it still writes the cache for others.

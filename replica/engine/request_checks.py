@@ -84,7 +84,8 @@ def validate_request_input(
 
 def _raise_outside_vocabulary(params: SamplingParams, vocab_size: int) -> None:
     """Raise SamplingParamsError naming the first token list with an id outside the vocabulary."""
-    for name, token_ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or []),
+    for name, token_ids in (("logit_bias", params.logit_bias or {}),
+                            ("allowed_token_ids", params.allowed_token_ids or []),
                             ("stop_token_ids", params.stop_token_ids or [])):  # min_tokens bans stop ids: in range
         if (bad := next((t for t in token_ids if t >= vocab_size), None)) is not None:
             raise SamplingParamsError(name, f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")

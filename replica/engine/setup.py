@@ -38,7 +38,8 @@ def load_engine_tokenizer(config: EngineConfig) -> HFTokenizer | None:
     return AutoTokenizer.from_pretrained(path)
 
 
-def make_event_publisher(events: PublisherConfig, snapshot_source: Callable[[], list[BlockStored]]) -> ZmqEventPublisher:
+def make_event_publisher(events: PublisherConfig,
+                         snapshot_source: Callable[[], list[BlockStored]]) -> ZmqEventPublisher:
     """The replica's KV event publisher, configured by the events section whole."""
     from kvmesh.events.publish.publisher import ZmqEventPublisher
 

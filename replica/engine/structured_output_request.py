@@ -26,7 +26,8 @@ class StructuredOutputRequest:
 
     __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids", "waited", "rule")
 
-    def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int], waited: bool = True) -> None:
+    def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int],
+                 waited: bool = True) -> None:
         self.params, self.future, self.matcher = params, future, None
         self.waited = waited  # it waited for a compile (else the cache had its grammar: nothing to charge)
         self.resumed = resumed  # output the constraint matched before (a continuation): fed to the new matcher

@@ -90,7 +90,8 @@ def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
             xgr.Grammar.from_ebnf(choice_grammar(params.choice))
     except Exception as e:  # xgrammar raises RuntimeError / InvalidJSONError with the parser's message
         what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}[kind]
-        raise SamplingParamsError(params.field, f"{params.field}: the {what} cannot be compiled: {error_message(e)}") from None
+        raise SamplingParamsError(params.field,
+                                  f"{params.field}: the {what} cannot be compiled: {error_message(e)}") from None
     with _checked_lock:
         _checked[memo] = None
         while len(_checked) > CHECKED_SIZE:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.interfaces import ModelRunnerInterface
+    from kvmesh.replica.spec_decode.config import SpeculativeConfig
     from kvmesh.replica.worker.draft_model import DraftModel
     from ray.util.placement_group import PlacementGroup
 
@@ -40,12 +41,13 @@ def local_model_runner(config: EngineConfig) -> ModelRunnerInterface:
     return ModelRunner(config)
 
 
-def local_draft_model(config: EngineConfig, vocab_size: int, max_model_len: int, num_kv_blocks: int) -> DraftModel:
-    """The draft model of ``speculative_config`` (method "draft_model") in this process, its KV cache as many
-    blocks as the target's, at most ``max_num_seqs`` whole contexts (worker/draft_model.py)."""
+def local_draft_model(config: EngineConfig, spec: SpeculativeConfig, vocab_size: int, max_model_len: int,
+                      num_kv_blocks: int) -> DraftModel:
+    """The draft model of ``spec`` (the config's ``speculative_config``, method "draft_model") in this process, its
+    KV cache as many blocks as the target's, at most ``max_num_seqs`` whole contexts (worker/draft_model.py)."""
     from kvmesh.replica.worker.draft_model import DraftModel
 
-    bs, spec = config.block_size, config.speculative
+    bs = config.block_size
     num_blocks = min(num_kv_blocks, config.max_num_seqs * (-(-max_model_len // bs) + 1)) + 1
     return DraftModel(spec.model, config, vocab_size, max_model_len, num_blocks)
 

@@ -10,7 +10,8 @@ The handshake travels out of band (an HTTP call, a Ray call, a pipe in tests) as
 reader pulls, the holder's engine is not involved. ``start_read`` posts the read (nixl may copy inside it on
 host memory: a serving engine calls it on a transfer worker thread, pull_read.py) and ``wait`` polls until it
 is over, raising ``KVTransferError`` on ERR and ``KVTransferTimeout`` past the timeout, after aborting the
-read and waiting for the transport to confirm it stopped: a failed read never lands late in reused blocks. Transports: ``nixl`` (UCX; host or device memory, across
+read and waiting for the transport to confirm it stopped: a failed read never lands late in reused blocks. Transports:
+``nixl`` (UCX; host or device memory, across
 processes and machines) and ``local`` (the same process, plain tensor copies: for tests without nixl).
 """
 

@@ -24,7 +24,8 @@ class KVTransferConfig:
     """Live leases one peer (its x-kvmesh-replica-id, else its address) may hold here; past it /kv/lease is a 429."""
     max_leases: int = field(default=256, metadata={"flag": "--kv-transfer-max-leases"})
     """Live leases this replica holds for all peers together (prefill handles included); past it a 429."""
-    max_leased_blocks_fraction: float = field(default=0.5, metadata={"flag": "--kv-transfer-max-leased-blocks-fraction"})
+    max_leased_blocks_fraction: float = field(default=0.5,
+                                              metadata={"flag": "--kv-transfer-max-leased-blocks-fraction"})
     """Fraction of the KV blocks (and of the host tier's) that leases may hold together; past it a 429."""
     peers: tuple[str, ...] = field(default=(), metadata={"flag": "--kv-peer"})
     """Base URLs this replica may pull from besides the router's registered set (POST /kv/peers); repeatable."""

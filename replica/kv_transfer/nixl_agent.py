@@ -29,7 +29,8 @@ def nixl_missing() -> str | None:
     try:
         import nixl._api  # noqa: F401
     except Exception as e:  # ImportError, or its native libraries failing to load
-        return f"nixl is not importable ({type(e).__name__}: {e}); install the engine extra: pip install '.[engine]' in kvmesh's source tree"
+        return (f"nixl is not importable ({type(e).__name__}: {e}); install the engine extra: "
+                "pip install '.[engine]' in kvmesh's source tree")
     return None
 
 

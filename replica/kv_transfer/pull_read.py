@@ -32,7 +32,8 @@ SETTLE_POLL_S = 0.05
 WORKER_NICE = 10
 """The transfer worker thread's nice value while it starts a read (nixl copies there on host memory): such a copy
 yields the CPU to the engine's steps (weight 110 against their 1024), yet is not starved past the pull's timeout
-on a loaded machine, as 19 was (kvmesh bench kv-transfer --step-trace; BENCHMARKS.md, "KV transfer between replicas")."""
+on a loaded machine, as 19 was (kvmesh bench kv-transfer --step-trace; BENCHMARKS.md, "KV transfer between
+replicas")."""
 
 
 class TierReads:

@@ -30,7 +30,8 @@ class VocabParallelEmbedding(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: LoadedWeight, shard_id: ShardId = None) -> None:
         rows = self.vocab_end - self.vocab_start
         if loaded_shape(loaded)[0] != self.num_embeddings:
-            raise ValueError(f"checkpoint vocabulary has {loaded_shape(loaded)[0]} rows, model expects {self.num_embeddings}")
+            raise ValueError(f"checkpoint vocabulary has {loaded_shape(loaded)[0]} rows, model expects "
+                             f"{self.num_embeddings}")
         param.data[:rows].copy_(narrow(loaded, 0, self.vocab_start, rows))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -107,16 +107,19 @@ class AuthMiddleware:
                                  "'Authorization: Bearer <internal key>'", 401)
         if self.is_admin(method, path):
             if self.admin is None:
-                return ProtocolError(f"{method} {echo(path)} is the admin plane (the replica set, adapters) and the admin "
+                return ProtocolError(f"{method} {echo(path)} is the admin plane (the replica set, adapters) and the "
+                                     f"admin "
                                      "API is disabled: give this server an admin key (admin_key, KVMESH_ADMIN_KEY) "
                                      "to enable it", 403)
             if not hmac.compare_digest(header, self.admin):
-                return ProtocolError(f"{method} {echo(path)} needs the admin key ('Authorization: Bearer <admin key>'); "
+                return ProtocolError(f"{method} {echo(path)} needs the admin key ('Authorization: Bearer <admin "
+                                     f"key>'); "
                                      "the tenants' API key is not enough", 403)
             return None
         if self.router_only:
             tenant = self.api is not None and hmac.compare_digest(header, self.api)
-            return ProtocolError(f"{method} {echo(path)}: this replica takes requests only from its router (the cluster's "
+            return ProtocolError(f"{method} {echo(path)}: this replica takes requests only from its router (the "
+                                 f"cluster's "
                                  "internal key); send them to the router", 403 if tenant else 401)
         if self.api is None and self.tenant_key is None:
             return None

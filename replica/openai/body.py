@@ -5,7 +5,8 @@ bytes are counted as they stream in (chunked bodies, lying lengths), and the who
 arrive within ``body_timeout_s`` (slow senders get a 408). JSON is decoded with msgspec, which
 refuses what Python's ``json`` accepts and nothing downstream can handle: NaN/Infinity, lone UTF-16
 surrogates (``"\\ud800"``), invalid UTF-8, nesting beyond the recursion limit. Bodies above
-``_INLINE_BYTES`` are decoded and validated off the event loop (and a router's upstream body of one encoded there), and the heap they
+``_INLINE_BYTES`` are decoded and validated off the event loop (and a router's upstream body of one encoded there), and
+the heap they
 leave is trimmed (heap_trim.py).
 """
 

@@ -39,6 +39,10 @@ class HFTokenizerLike(Protocol):
     def convert_ids_to_tokens(self, ids: int) -> str | None: ...
 
 
+class HasHFTokenizer(Protocol):
+    hf: HFTokenizerLike
+
+
 class _TopLogprobs(TypedDict, total=False):
     """The part of ``ChatLogprob`` only the chosen token has (a TypedDict's optional keys, Python 3.10's way)."""
 
@@ -77,6 +81,20 @@ def token_decoder(hf_tokenizer: HFTokenizerLike) -> TokenDecoder:
         return text
 
     return decode
+
+
+class TokenStrings:
+    """A server's token strings for logprobs: one token alone -> its text (``token_decoder``, built on first use
+    and caching what it decoded), or its id as text for a request with ``return_tokens_as_token_ids``."""
+
+    def __init__(self, tokenizer: HasHFTokenizer):
+        self._tokenizer = tokenizer
+        self._decoder: TokenDecoder | None = None
+
+    def decoder(self, as_token_ids: bool) -> TokenDecoder:
+        if self._decoder is None:
+            self._decoder = token_decoder(self._tokenizer.hf)
+        return token_id_text if as_token_ids else self._decoder
 
 
 def token_id_text(token_id: int) -> str:

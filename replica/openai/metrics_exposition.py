@@ -51,4 +51,5 @@ def metrics_response(registry: CollectorRegistry, accept: str | None) -> Respons
     if wants_openmetrics(accept):
         body = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)  # = no escaping, see above
         return Response(body, headers={"content-type": openmetrics.CONTENT_TYPE_LATEST})
-    return Response(text_format.generate_latest(registry), headers={"content-type": text_format.CONTENT_TYPE_PLAIN_0_0_4})
+    return Response(text_format.generate_latest(registry),
+                    headers={"content-type": text_format.CONTENT_TYPE_PLAIN_0_0_4})

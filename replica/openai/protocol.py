@@ -73,7 +73,8 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     request_id: str | None = None
     return_token_ids: Flag = False
     """(vLLM) Streamed chunks carry the token ids behind their text: each choice its new ``token_ids``, the
-    first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/http/migration.py)."""
+    first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate
+    (router/http/migration.py)."""
     logit_bias: dict[str, float] | None = None
     """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
     kv_transfer_params: KVTransferParams | None = None

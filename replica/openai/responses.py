@@ -43,7 +43,8 @@ class OpenAIBaseModel(BaseModel):
     """Fields validated in C when they hold token ids (errors.parse_request); none by default."""
 
     @classmethod
-    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler):  # -> pydantic-core's CoreSchema
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel],
+                                     handler: GetCoreSchemaHandler):  # -> pydantic-core's CoreSchema
         """The model's schema with every list and object validated fail-fast: a 100,000-item list of wrong items is
         one error, not 100,000 (~1 s and ~100 MB to build, for a message that shows the first few)."""
         return _fail_fast(handler(source))

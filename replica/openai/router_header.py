@@ -16,7 +16,8 @@ def router_header(http: Request, name: str, internal_key: str | None, what: str)
     """Header ``name``'s value (None: not sent); a 403 saying it ``what`` when a caller other than the cluster sends
     it to a replica that has an internal key."""
     value = http.headers.get(name)
-    if value is not None and internal_key is not None and not http.scope.get("state", {}).get(INTERNAL_SCOPE_KEY, False):
+    if value is not None and internal_key is not None and not http.scope.get("state", {}).get(INTERNAL_SCOPE_KEY,
+                                                                                              False):
         raise ProtocolError(f"header {name} may be sent only by the router (the cluster's internal key): it {what}; "
                             "remove it from the request", 403, param=name)
     return value

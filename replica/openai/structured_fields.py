@@ -100,7 +100,8 @@ class StructuredOutputFields(OpenAIBaseModel):
             return StructuredOutputsParams.from_schema(so["json"], "structured_outputs.json", **options)
         choice = so.get("choice")
         if choice is not None and not isinstance(choice, list):
-            raise SamplingParamsError("structured_outputs.choice", "structured_outputs.choice must be a list of strings")
+            raise SamplingParamsError("structured_outputs.choice",
+                                      "structured_outputs.choice must be a list of strings")
         for name in ("regex", "grammar"):
             if so.get(name) is not None and not isinstance(so[name], str):
                 raise SamplingParamsError(f"structured_outputs.{name}", f"structured_outputs.{name} must be a string")
@@ -135,7 +136,8 @@ class StructuredOutputFields(OpenAIBaseModel):
     def _from_guided(self) -> list[StructuredOutputsParams | None]:
         return [
             None if self.guided_json is None else StructuredOutputsParams.from_schema(self.guided_json, "guided_json"),
-            None if self.guided_regex is None else StructuredOutputsParams(regex=self.guided_regex, field="guided_regex"),
+            None if self.guided_regex is None else StructuredOutputsParams(regex=self.guided_regex,
+                                                                           field="guided_regex"),
             None if self.guided_choice is None else StructuredOutputsParams(choice=tuple(self.guided_choice),
                                                                             field="guided_choice"),
             None if self.guided_grammar is None else StructuredOutputsParams(grammar=self.guided_grammar,

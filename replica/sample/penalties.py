@@ -98,7 +98,8 @@ class PenaltyState:
         values = torch.tensor([[sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty] for sp in params],
                               dtype=torch.float32).to(self.device, non_blocking=True)  # [P, 3]
         logit_rows = torch.from_numpy(batch_rows).to(self.device, non_blocking=True)
-        return Penalties(logit_rows, self.counts[index], self.prompt_mask[index], values[:, 0], values[:, 1], values[:, 2])
+        return Penalties(logit_rows, self.counts[index], self.prompt_mask[index], values[:, 0], values[:, 1],
+                         values[:, 2])
 
     def _fill(self, row: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         self.counts[row].zero_()

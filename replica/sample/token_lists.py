@@ -143,7 +143,8 @@ class BatchTokenLists:
         banned = self._cached("banned", rows, np.flatnonzero(self.min_tokens[rows] > num_generated),
                               lambda lists: [r.stop_ids if r.ignore_eos else np.concatenate([r.stop_ids, eos])
                                              for r in lists], eos.tobytes())
-        bias = self._cached("bias", rows, np.flatnonzero(self.has_bias[rows]), lambda lists: [r.bias_ids for r in lists],
+        bias = self._cached("bias", rows, np.flatnonzero(self.has_bias[rows]),
+                            lambda lists: [r.bias_ids for r in lists],
                             values=lambda lists: [r.biases for r in lists])
         allowed = self._cached("allowed", rows, np.flatnonzero(self.has_allowed[rows]),
                                lambda lists: [r.allowed_ids for r in lists])

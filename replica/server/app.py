@@ -20,7 +20,8 @@ With ``api_key`` set, every path except health, ping, version, load and metrics 
 ``Authorization: Bearer <key>`` (replica/openai/auth.py). With ``internal_key`` set, that key passes every
 path and alone opens the KV plane: /kv/* and a body's ``kv_transfer_params`` (kv_plane.py); with ``router_only``
 (``kvmesh serve``'s replicas) it alone opens every path but the public ones. The admin
-paths (LoRA adapters, the prefix cache reset) take the admin key (``admin_key``) or the internal key, never the API key; with no key set at all they are
+paths (LoRA adapters, the prefix cache reset) take the admin key (``admin_key``) or the internal key, never the API key;
+with no key set at all they are
 open (vLLM's). Errors are OpenAI-shaped JSON.
 """
 

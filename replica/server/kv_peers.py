@@ -100,7 +100,8 @@ class PeerRegistry:
         return self.num_registered
 
     def _expire(self, now: float) -> None:
-        for router_id in [r for r, reg in self._routers.items() if reg.expires_at is not None and reg.expires_at <= now]:
+        for router_id in [r for r, reg in self._routers.items()
+                          if reg.expires_at is not None and reg.expires_at <= now]:
             del self._routers[router_id]
 
     def urls(self) -> set[str]:

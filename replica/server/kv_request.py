@@ -64,7 +64,8 @@ async def client_gone(request: Request) -> None:
 
 async def start_or_leave(start: Coroutine, gone: Coroutine | None) -> list[Outputs]:
     """``start`` (queue the candidates, read their first outputs); with ``gone`` (the client's disconnect, watched
-    while the engine waits for a pull's blocks or a grammar's compile) a client that leaves first cancels it: the request is aborted, its
+    while the engine waits for a pull's blocks or a grammar's compile) a client that leaves first cancels it: the
+    request is aborted, its
     read given up and the holder's lease let go, and the answer is a 499."""
     if gone is None:
         return await start

@@ -210,7 +210,8 @@ class PeerLoad:
     def lora_fields(self) -> dict:
         if self.lora is None:
             return {}
-        return {"lora_name": self.lora.lora_name, **({"lora_identity": self.lora.identity} if self.lora.identity else {})}
+        return {"lora_name": self.lora.lora_name,
+                **({"lora_identity": self.lora.identity} if self.lora.identity else {})}
 
     def lookup(self) -> concurrent.futures.Future[RemoteBlocks | PullResult]:
         self.t0 = time.monotonic()

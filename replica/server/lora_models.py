@@ -89,7 +89,8 @@ class ServedLoRAs:
             except ValueError as e:  # the engine's LoRAError: bad path, not PEFT, rank too large, ... (says which)
                 raise ProtocolError(str(e), 400, param="lora_path") from None
             if added is False:
-                raise ProtocolError(f"the engine refused LoRA adapter '{echo(name)}' from {echo(path)}", 400, param="lora_path")
+                raise ProtocolError(f"the engine refused LoRA adapter '{echo(name)}' from {echo(path)}", 400,
+                                    param="lora_path")
             # the engine's registered copy carries the identity of the weights it read (it keys the blocks)
             lora = next((o for o in self.engine_client.list_loras() if o == lora), lora)
             self._by_name[name] = lora

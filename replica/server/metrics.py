@@ -110,7 +110,8 @@ class EngineStatsCollector(Collector):
         yield self._counter("kvmesh_host_prefix_cache_hits",
                             "Prompt tokens found in the host tier past the device prefix and loaded back.",
                             s.host_prefix_cache_hits)
-        moved = CounterMetricFamily("kvmesh_kv_offload_bytes", "Bytes copied between the device cache and the host tier.",
+        moved = CounterMetricFamily("kvmesh_kv_offload_bytes",
+                                    "Bytes copied between the device cache and the host tier.",
                                     labels=["model_name", "engine", "direction"])
         moved.add_metric([*self.labels, "to_host"], s.kv_offload_bytes_to_host)
         moved.add_metric([*self.labels, "to_device"], s.kv_offload_bytes_to_device)
@@ -139,7 +140,8 @@ class EngineStatsCollector(Collector):
         yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
                             sd.num_accepted_tokens)
         per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                      "Accepted tokens per draft position.", labels=["model_name", "engine", "position"])
+                                      "Accepted tokens per draft position.",
+                                      labels=["model_name", "engine", "position"])
         for pos, n in enumerate(sd.accepted_per_pos):
             per_pos.add_metric([*self.labels, str(pos)], n)
         yield per_pos

@@ -1,4 +1,5 @@
-"""Parallel sampling: the choices of one OpenAI request (a batch of prompts, ``n`` choices each, ``best_of`` candidates).
+"""Parallel sampling: the choices of one OpenAI request (a batch of prompts, ``n`` choices each, ``best_of``
+candidates).
 
 Every candidate is its own engine request (vLLM's parallel sampling fans out the same way):
 
@@ -166,7 +167,8 @@ async def collect_all(streams: list[Outputs]) -> list[RequestOutput | None]:
     return list(await asyncio.gather(*(last(s) for s in streams)))
 
 
-async def merge_streams(streams: list[Outputs], interval: int | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge_streams(streams: list[Outputs],
+                        interval: int | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(stream index, output) from all streams as they come (``interval`` new tokens at a time: ``in_batches``);
     closing it closes them all."""
     streams = [in_batches(stream, interval) for stream in streams] if interval else streams

@@ -59,7 +59,8 @@ def install_responses_routes(app: FastAPI, state: ServerState, handlers: OpenAIH
 
         answer = await service.create(req, caller_tenant(http), chat)
         if answer.stream is not None:
-            return StreamingResponse(answer.stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(answer.stream, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         return Response(answer.body, answer.status, answer.headers, media_type="application/json")
 
     @app.get("/v1/responses/{response_id}")

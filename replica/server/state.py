@@ -81,7 +81,8 @@ def _cache_config_info(engine: AsyncLLM) -> Info:
     """The labels of ``vllm:cache_config_info`` (vLLM's CacheConfig names; "gpu" blocks = KV blocks on any device)."""
     config = engine.config
     return {"block_size": engine.block_size, "num_gpu_blocks": engine.num_kv_blocks,
-            "enable_prefix_caching": config.enable_prefix_caching, "gpu_memory_utilization": config.gpu_memory_utilization,
+            "enable_prefix_caching": config.enable_prefix_caching,
+            "gpu_memory_utilization": config.gpu_memory_utilization,
             "eviction_policy": config.eviction_policy, "cache_dtype": config.kv_cache_dtype}
 
 

@@ -6,7 +6,8 @@ tokens, each sampled from the draft's distribution q (its argmax for a greedy re
               rest in one forward, then each draft but the last one token at a time: K forwards in all, each
               one batch of every request that drafts this step (drafting.py proposes for all of them at once)
 
-Each request keeps blocks of the draft's own cache (worker/draft_model.py, built by the executor's factory); when they run out, the request used
+Each request keeps blocks of the draft's own cache (worker/draft_model.py, built by the executor's factory); when they
+run out, the request used
 least recently gives its blocks back and its draft cache is recomputed when it drafts again. The q rows of a
 sampled request go to the runner with its drafts (``ScheduledRequest.draft_probs``): rejection.py accepts a
 draft with probability min(1, p/q) and resamples from max(0, p - q). A seeded request's draft at output position n

@@ -33,30 +33,9 @@ if TYPE_CHECKING:
     from kvmesh.replica.step.scheduler_output import ScheduledRequest
 
 
-class EngineSettings(Protocol):
-    """What drafting reads of the engine's ``EngineConfig``."""
-
-    speculative: SpeculativeConfig | None
-    seed: int
-
-
-class DraftingEngine(Protocol):
-    """What ``make_drafter`` reads of the engine."""
-
-    config: EngineSettings
-    max_model_len: int
-    vocab_size: int
-    num_kv_blocks: int
-    scheduler: Scheduling
-
-
-class Scheduling(Protocol):
-    running: list[Request]
-
-
-LoadDraftModel = Callable[[EngineSettings, int, int, int], "DraftModelInterface"]
-"""(engine config, target vocabulary size, max_model_len, target's KV blocks) -> the draft model (the executor's
-``local_draft_model``)."""
+LoadDraftModel = Callable[[], "DraftModelInterface"]
+"""Loads the draft model of a ``speculative_config`` with method "draft_model" (the executor's
+``local_draft_model`` for the engine's config, vocabulary, max_model_len and KV blocks)."""
 
 
 class Request(Protocol):
@@ -209,16 +188,15 @@ def accept_drafts(drafter: Drafter, sampled: ModelRunnerOutput, requests: dict[s
     return rounds
 
 
-def make_drafter(engine: DraftingEngine, load_draft_model: LoadDraftModel) -> Drafter | None:
-    """The engine's drafter for its ``speculative_config`` (None: speculative decoding off); a draft model is
-    loaded now by ``load_draft_model`` (raises ValueError when its vocabulary is not the target's)."""
-    spec = engine.config.speculative
+def make_drafter(spec: SpeculativeConfig | None, max_model_len: int, seed: int, load_draft_model: LoadDraftModel,
+                 running: Callable[[], Iterable[Request]]) -> Drafter | None:
+    """The engine's drafter for its speculative config ``spec`` (None: speculative decoding off); a draft model is
+    loaded now by ``load_draft_model`` (raises ValueError when its vocabulary is not the target's) and drafts for
+    the scheduler's ``running`` requests in one batch."""
     if spec is None:
         return None
     if spec.method != "draft_model":
-        return Drafter(spec, engine.max_model_len)
+        return Drafter(spec, max_model_len)
     from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
 
-    model = load_draft_model(engine.config, engine.vocab_size, engine.max_model_len, engine.num_kv_blocks)
-    return Drafter(spec, engine.max_model_len, DraftModelProposer(spec, model, engine.config.seed),
-                   lambda: engine.scheduler.running)
+    return Drafter(spec, max_model_len, DraftModelProposer(spec, load_draft_model(), seed), running)

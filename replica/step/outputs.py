@@ -91,7 +91,8 @@ class RequestOutput:
 
     __slots__ = ("request_id", "prompt_token_ids", "new_token_ids", "_output_ids", "_num_output", "delta_text",
                  "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics",
-                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease", "error_param",
+                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease",
+                 "error_param",
                  "grammar_compile_s")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], new_token_ids: list[int],

@@ -81,7 +81,8 @@ class InputBatch:
     def _fit_rows(self) -> None:
         n, old = self.block_tables.num_rows, len(self.params)
         if n > old:
-            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "penalized", "req_ids",
+            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "penalized",
+                         "req_ids",
                          "lora_ids"):
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
@@ -189,7 +190,8 @@ class InputBatch:
                            graph_sampling=graph_sampling, prefill_size=path.prefill_size,
                            graph_answers=graph_answers, lora_mapping=lora_mapping)
 
-    def _stage_for_graph(self, path: StepPath, host: StepArrays, n: int, gather: list, settings: tuple | None) -> StepTensors:
+    def _stage_for_graph(self, path: StepPath, host: StepArrays, n: int, gather: list,
+                         settings: tuple | None) -> StepTensors:
         """Write the step straight into the inputs of the graphs ``path`` replays: a one-request prefill graph's
         (prefill_graph.py) or the decode graphs' (static_inputs.py); the views the step reads."""
         num_tokens = host.num_tokens

@@ -12,7 +12,8 @@ On CPU the budget is ``kv_cache_memory`` bytes for the whole replica (all TP ran
 TP=2 replica gets as many blocks as a TP=1 one). On CUDA it is what ``gpu_memory_utilization``
 leaves after this engine's weights, the peak activation memory of a profiling forward and the
 memory its decode CUDA graphs take (measured by capturing them once before the cache is sized,
-``graph_memory``), capped by ``kv_cache_memory`` when that is set. Only this engine's memory counts against its share, so
+``graph_memory``), capped by ``kv_cache_memory`` when that is set. Only this engine's memory counts against its share,
+so
 several engines in one process (tests, a benchmark comparing two) each get their own share as
 long as the shares fit on the device. The device facts are read before and after the profiling
 forward (``read_cuda_memory``) and the arithmetic (``kv_cache_budget``) is plain, so it is tested

@@ -58,7 +58,8 @@ class KVOffloader:
         self.host = torch.zeros((num_host_blocks, *self.block_shape), dtype=kv_cache.dtype,
                                 pin_memory=self.cuda)
         # what the copies index: an FP8 cache as its bytes (index_copy_/index_select take no FP8 on CPU)
-        self._device_view, self._host_view = (t.view(torch.uint8) if is_fp8(t.dtype) else t for t in (kv_cache, self.host))
+        self._device_view, self._host_view = (t.view(torch.uint8) if is_fp8(t.dtype) else t for t in (kv_cache,
+                                                                                                      self.host))
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._pending: list[tuple[int, torch.cuda.Event | None]] = []
         self.bytes_loaded = 0

@@ -265,7 +265,8 @@ class ModelRunner:
                          ) -> PendingPromptLogprobs | None:
         """Prompt logprobs of this step's prefill chunks (``hidden`` [T, H]) on their way to the host (None: none
         this step). Only full requests without output ask: a request decoding by id has its prompt done."""
-        asking = [sr for sr in out.scheduled if sr.sampling_params.prompt_logprobs is not None and not sr.output_token_ids]
+        asking = [sr for sr in out.scheduled
+                  if sr.sampling_params.prompt_logprobs is not None and not sr.output_token_ids]
         if not asking:
             return None
         first_rows = self.input_batch.first_token_index(inputs, [sr.request_id for sr in asking])

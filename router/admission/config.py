@@ -27,7 +27,8 @@ class AdmissionConfig:
     """The best (lowest) priority a shared-key request may ask for (header or body); a better one is raised to it."""
     user_tenants: bool = False
     """A request's ``user`` names a sub-tenant of its key's tenant, ``<tenant>/<user>``: its own fair share, the key's
-    priorities, and tokens taken from the key's bucket. False: ``user`` names no tenant (the key alone says who it is)."""
+    priorities, and tokens taken from the key's bucket. False: ``user`` names no tenant (the key alone says who it
+    is)."""
     max_users_per_key: int = 16
     """With user_tenants, the sub-tenants one key's tenant may have; further ``user`` names share ``<tenant>/other``."""
     max_queued: int = 1024

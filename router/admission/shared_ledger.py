@@ -72,8 +72,8 @@ class SharedLedger:
     def __getstate__(self) -> dict:
         return {"num_rows": self.num_rows, "half_life_s": self.half_life_s, "max_tenants": self.max_tenants,
                 "max_models": self.max_models, "_tenants": self._tenants, "_tenant_names": self._tenant_names,
-                "_queues": self._queues, "_model_names": self._model_names, "_lock": self._lock, "_waiting": self._waiting,
-                "row": self.row, "group": self.group}
+                "_queues": self._queues, "_model_names": self._model_names, "_lock": self._lock,
+                "_waiting": self._waiting, "row": self.row, "group": self.group}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -113,11 +113,13 @@ class AdapterLoads:
             raise ProtocolError(f"The model `{echo(base)}` does not exist; this router serves {', '.join(bases)}",
                                 404, param="base_model_name")
         if name in bases:
-            raise ProtocolError(f"`{echo(name)}` is a base model's name; give the adapter another", 400, param="lora_name")
+            raise ProtocolError(f"`{echo(name)}` is a base model's name; give the adapter another", 400,
+                                param="lora_name")
         base = base or (bases[0] if bases else None)
         holding = catalog.base_holding(name)
         if holding is not None and base is not None and holding != base:
-            raise ProtocolError(f"adapter `{echo(name)}` belongs to base model `{holding}` on this router (one adapter name, "
+            raise ProtocolError(f"adapter `{echo(name)}` belongs to base model `{holding}` on this router (one adapter "
+                                f"name, "
                                 f"one base model); unload it first or load this one under another name", 409,
                                 param="lora_name")
         catalog.learn_adapter(name, path, base)

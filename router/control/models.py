@@ -164,7 +164,8 @@ class RouterModels:
         spec = replica.spec
         try:
             status, _, raw = await self.calls.control.fetch("GET", spec.url, "/v1/models",
-                                                        self.config.upstream.connect_timeout_s, headers=self.calls.headers())
+                                                        self.config.upstream.connect_timeout_s,
+                                                        headers=self.calls.headers())
         except (UpstreamError, OSError, asyncio.TimeoutError):
             return
         served = served_models(raw) if status == 200 else None

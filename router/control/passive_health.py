@@ -98,7 +98,8 @@ class PassiveHealth:
         try:
             status, _, raw = await self.calls.requests.fetch("POST", spec.url, "/v1/completions", timeout_s,
                                                              msgspec.json.encode(body),
-                                                             {"content-type": "application/json", **self.calls.headers()})
+                                                             {"content-type": "application/json",
+                                                              **self.calls.headers()})
             answered = status == 200 and isinstance(msgspec.json.decode(raw), dict)
             why = "" if answered else f"its probe request got HTTP {status}"
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:

@@ -1,10 +1,12 @@
 """Probing the replicas: ``/health`` and ``/load`` on every poll, ``/server_info`` when one becomes healthy.
 
 A probe is also how a failed replica comes back -- unless outlier detection ejected it: then ``/health`` is not
-enough (passive_health.py, which also reads each ``/load`` for signs that the replica is working). ``/load`` is decoded as kvmesh's ``LoadReport``
+enough (passive_health.py, which also reads each ``/load`` for signs that the replica is working). ``/load`` is decoded
+as kvmesh's ``LoadReport``
 (replica/serving/load_report.py); another server's load JSON is read by its keys (``ReplicaLoad.update_report``).
 Its ``kv_transfer`` object (KV transfer on, the measured pull rate: router/routing/kv_placement.py prices peer
-pulls with it) is read whatever the report's kind. ``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
+pulls with it) is read whatever the report's kind. ``/server_info`` says whether a replica's cache can be described by
+the router's keys (block size,
 tokenizer and chat-template fingerprint; else it is routed by load only), which body it takes
 (router/http/token_forwarding.py) and, for a replica registered without them, its event endpoints
 (router/control/event_discovery.py).
@@ -75,7 +77,8 @@ class ReplicaProbes:
             ok = status == 200
             if ok:
                 sent_at = time.time()
-                status, _, raw = await self.pool.fetch("GET", spec.url, "/load", timeout_s, headers=self.calls.headers())
+                status, _, raw = await self.pool.fetch("GET", spec.url, "/load", timeout_s,
+                                                       headers=self.calls.headers())
                 report = decode_load(raw) if status == 200 else None
                 if report is not None and not replica.removed:
                     load = replica.load
@@ -126,7 +129,8 @@ class ReplicaProbes:
     async def check_compatible(self, replica: Replica) -> None:
         """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
         block size, tokenizer or chat template (its ``/server_info``, against the tokenizer of the model it
-        serves: its ``/v1/models``, router/control/models.py). Replicas that do not say (vLLM) are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
+        serves: its ``/v1/models``, router/control/models.py). Replicas that do not say (vLLM) are trusted. Also notes
+        whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
         the router's token ids for chat too (router/http/token_forwarding.py)."""
         spec = replica.spec
         try:

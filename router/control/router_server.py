@@ -1,7 +1,8 @@
 """The assembled router: the runtime (replica set, routing, event intake), its app and the one door.
 
 ``RouterServer`` wires the door (router/http/door.py) to the proxied routes (router/http/proxy.py), the Responses
-API's (router/http/responses_routes.py) and the app (app.py) on one port, and runs it in a background thread (tests, embedding) or in the
+API's (router/http/responses_routes.py) and the app (app.py) on one port, and runs it in a background thread (tests,
+embedding) or in the
 foreground (the CLI, a worker on an inherited socket). ``companions`` start after the runtime and
 stop before it (a serve worker's ``ControlFollower``, router/control/follow.py).
 """
@@ -18,8 +19,8 @@ import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Protocol
 
+from kvmesh.replica.openai.responses_api.open_store import open_store
 from kvmesh.replica.openai.responses_api.service import ResponsesService
-from kvmesh.replica.openai.responses_api.store import open_store
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
 from kvmesh.router.control.runtime import RouterRuntime
@@ -51,7 +52,8 @@ class RouterServer:
         self.runtime = RouterRuntime(config, replicas, tokenizer)
         self.app = build_app(self.runtime)
         forwarder, auth = Forwarder(self.runtime.plane), auth_rule(config, self.runtime.tenants)
-        self.door = Door(proxied_routes(forwarder, auth, served_model(config)), self.app, config.frontend, extra_headers)
+        self.door = Door(proxied_routes(forwarder, auth, served_model(config)), self.app, config.frontend,
+                         extra_headers)
         """Where every request enters (router/http/door.py)."""
         self.responses = ResponsesService(open_store(config.responses, config.frontend), lambda: served_model(config))
         """``/v1/responses`` (router/http/responses_routes.py); its store is the database ``config.responses`` names,

@@ -20,7 +20,8 @@ The coupling to the HTTP front is one function, ``serve_router`` (one worker's l
 router, serve it on the inherited socket; responses carry ``x-kvmesh-router-worker: <index>``). On
 SIGTERM a worker stops accepting and for ``drain_s`` answers what still arrives on its open
 connections with ``Connection: close``, then finishes its in-flight requests (SIGINT skips the drain).
-``RouterWorkers`` takes any picklable ``serve(sock, worker_index)`` callable. ``router_workers`` joins the workers' load views through
+``RouterWorkers`` takes any picklable ``serve(sock, worker_index)`` callable. ``router_workers`` joins the workers' load
+views through
 shared memory (router/routing/shared_loads.py: each sees every worker's in-flight requests) and, inside
 ``kvmesh serve``, makes them follow serve's control router (router/control/follow.py). Their stored responses are
 the database ``router.responses`` names, which every worker opens (replica/openai/responses_api/store.py: a
@@ -216,7 +217,8 @@ class RouterWorkers:
             cleanup()
 
 
-def router_workers(config: RouterConfig, replicas: list[ReplicaSpec] | None, num_workers: int, control_url: str | None = None) -> RouterWorkers:
+def router_workers(config: RouterConfig, replicas: list[ReplicaSpec] | None, num_workers: int,
+                   control_url: str | None = None) -> RouterWorkers:
     """``num_workers`` processes serving the router app (``serve_router``) on ``config.host:config.port``,
     sharing their in-flight counts (router/routing/shared_loads.py); ``control_url``: they follow serve's
     control router for their replica set (router/control/follow.py)."""

@@ -11,7 +11,8 @@
 Label values are bounded whatever tenants send: ``priority`` is the request's class, the largest key of
 ``admission.ttft_deadline_s`` at or below its priority (the smallest key below them all; ``ALL`` without classes),
 never the raw value; ``tenant`` names the ``admission.metric_tenants`` tenants with the most tokens (their first
-``TENANT_LABEL_CHARS`` characters) and sums the rest under ``OTHER`` (tenant_families.py). With ``router.workers`` > 1 each worker answers for itself, as for every
+``TENANT_LABEL_CHARS`` characters) and sums the rest under ``OTHER`` (tenant_families.py). With ``router.workers`` > 1
+each worker answers for itself, as for every
 other router metric.
 """
 

@@ -49,7 +49,8 @@ def request_error_event(event: bytes) -> bool:
 class ReplicaFailures:
     """What the answers say of each replica (Envoy's outlier detection; the bookkeeping is router/routing/outlier.py,
     the deadlines router/replicas/patience.py): every failed answer counted, a sick one or enough in a row eject
-    the replica -- never the last one in rotation. Its polls and probe requests are router/control/passive_health.py's."""
+    the replica -- never the last one in rotation. Its polls and probe requests are
+    router/control/passive_health.py's."""
 
     def __init__(self, config: RouterConfig, router: KVRouter, metrics: RouterMetrics) -> None:
         self.upstream, self.router, self.metrics = config.upstream, router, metrics

@@ -10,7 +10,8 @@
 ``stream: false`` and ``kv_transfer_params: {"do_remote_decode": true}``; its answer's ``kv_transfer_params``
 (the handle: lease, engine, tokens; not its block ids) plus ``"remote_url"`` go to the decode replica, which asks
 the prefill replica's ``/kv/lease`` for the prompt with that lease (answered only for the chain it holds) and pulls
-what its own cache lacks. Every replica knows the others as its pull peers (router/control/kv_peers.py). The prefill call is held to the router's deadlines (``first_byte_timeout_s``,
+what its own cache lacks. Every replica knows the others as its pull peers (router/control/kv_peers.py). The prefill
+call is held to the router's deadlines (``first_byte_timeout_s``,
 ``stream_idle_timeout_s``: router/replicas/patience.py) and counts towards its replica's ejection like any
 answer (router/http/failures.py); whatever goes wrong, the decode replica gets the request unchanged and
 computes the prompt itself, so no request fails because of a split.
@@ -83,7 +84,8 @@ class KVHandoff:
         return bool(request.route_ids) and len(request.prompts) <= 1 and self.plane.router.replicas.num_prefill > 0
 
     def pull(self, request: ProxyRequest, decision: RouteDecision) -> None:
-        """Set ``request.kv_transfer_params`` to a peer pull when ``decision`` chose one (``prepare`` without a split)."""
+        """Set ``request.kv_transfer_params`` to a peer pull when ``decision`` chose one (``prepare`` without a
+        split)."""
         pull = decision.pull
         holder = pull.holder if pull is not None else None
         if holder is not None and not holder.removed and holder.spec is not None and request.route_ids \
@@ -153,7 +155,8 @@ class KVHandoff:
             return None
         # the decode replica asks the prefill replica's /kv/lease for this prompt, showing the lease: block ids
         # are never passed along (a puller reads only what the holder answers for the prompt's own chain)
-        return {"do_remote_prefill": True, "remote_url": url, **{key: handle[key] for key in HANDLE_KEYS if key in handle}}
+        return {"do_remote_prefill": True, "remote_url": url,
+                **{key: handle[key] for key in HANDLE_KEYS if key in handle}}
 
     def abandon(self, request: ProxyRequest) -> None:
         """The attempt carrying ``request.kv_transfer_params`` failed: forget them, release a split's lease."""

@@ -12,9 +12,8 @@ prometheus_client's; the same cheap-child idea as loop_histogram.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
+from kvmesh.router.http.loop_metric import LoopMetric
 from prometheus_client.core import CounterMetricFamily
 
 
@@ -34,25 +33,11 @@ class LoopCounterChild:
         self.value += amount
 
 
-class LoopCounter:
+class LoopCounter(LoopMetric[LoopCounterChild]):
     """A counter metric with labels (see the module doc); registers itself with ``registry``."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
-        self.children: dict[tuple[str, ...], LoopCounterChild] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> LoopCounterChild:
-        child = self.children.get(values)  # the usual case: a label set seen before, given as strings
-        if child is not None:
-            return child
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-        key = tuple(str(v) for v in values)
-        child = self.children.get(key)
-        if child is None:
-            child = self.children[key] = LoopCounterChild()
-        return child
+    def new_child(self) -> LoopCounterChild:
+        return LoopCounterChild()
 
     def collect(self):
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 
+from kvmesh.router.http.loop_metric import LoopMetric
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.samples import Sample
@@ -40,30 +41,19 @@ class LoopHistogramChild:
         self.sum += value
 
 
-class LoopHistogram:
+class LoopHistogram(LoopMetric[LoopHistogramChild]):
     """A histogram metric with labels (see the module doc); registers itself with ``registry``."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Iterable[float],
                  registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
         bounds = sorted(float(b) for b in buckets)
         if bounds[-1] != math.inf:
             bounds.append(math.inf)
         self.bounds = bounds
-        self.children: dict[tuple[str, ...], LoopHistogramChild] = {}
-        registry.register(self)
+        super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str) -> LoopHistogramChild:
-        child = self.children.get(values)  # the usual case: a label set seen before, given as strings
-        if child is not None:
-            return child
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-        key = tuple(str(v) for v in values)
-        child = self.children.get(key)
-        if child is None:
-            child = self.children[key] = LoopHistogramChild(self.bounds)
-        return child
+    def new_child(self) -> LoopHistogramChild:
+        return LoopHistogramChild(self.bounds)
 
     def collect(self):
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -73,6 +63,7 @@ class LoopHistogram:
                 total += count
                 buckets.append((floatToGoString(bound), total))
             family.add_metric(list(values), buckets, child.sum)
-            family.samples.append(Sample(self.name + "_created", dict(zip(self.labelnames, values, strict=True)), child.created))
+            family.samples.append(Sample(self.name + "_created", dict(zip(self.labelnames, values, strict=True)),
+                                         child.created))
         yield family
 

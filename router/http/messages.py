@@ -32,7 +32,8 @@ class Client:
         self.lost = False
         """The client left."""
         self.paused = False
-        """The transport's buffer is full (its ``pause_writing``): a stream waits for ``drain`` before its next chunk."""
+        """The transport's buffer is full (its ``pause_writing``): a stream waits for ``drain`` before its next
+        chunk."""
         self._drained: asyncio.Future | None = None
 
     def write(self, data: bytes) -> None:

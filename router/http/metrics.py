@@ -53,10 +53,12 @@ class RouterMetrics:
                                   "Streams continued on another replica after this one failed mid-way", ["replica"],
                                   registry=r)
         self.replica_failures = Counter(
-            "kvmesh_router_replica_failures", "Failed answers per replica and kind (connect, http_5xx, first_byte_deadline, "
+            "kvmesh_router_replica_failures",
+            "Failed answers per replica and kind (connect, http_5xx, first_byte_deadline, "
             "stream_idle_deadline, invalid_json, invalid_sse, mid_stream, probe)", ["replica", "kind"], registry=r)
         self.ejections = Counter("kvmesh_router_replica_ejections",
-                                 "Times a replica was taken out of rotation after failures in a row (outlier detection)",
+                                 "Times a replica was taken out of rotation after failures in a row "
+                                 "(outlier detection)",
                                  ["replica"], registry=r)
         self.pd_splits = Counter("kvmesh_router_pd_splits",
                                  "Prompts long enough to prefill on a prefill replica: ok (prefilled there), "
@@ -65,7 +67,8 @@ class RouterMetrics:
                                  "skipped_layout (no prefill replica shares the decode replica's KV layout)",
                                  ["outcome"], registry=r)
         self.peer_pulls = Counter("kvmesh_router_peer_pulls",
-                                  "Requests whose replica was asked to pull the prompt's prefix from the replica holding it",
+                                  "Requests whose replica was asked to pull the prompt's prefix from the replica "
+                                  "holding it",
                                   registry=r)
         self.kv_pulled_tokens = Counter("kvmesh_router_kv_pulled_tokens",
                                         "Prompt tokens whose KV the replicas reported pulling from another replica "

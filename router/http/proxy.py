@@ -7,8 +7,10 @@ within ``first_byte_timeout_s`` while it showed no progress: router/replicas/pat
 request goes to the next choice, up to ``max_attempts`` replicas; so does a non-streamed 200 whose body
 is not JSON (nothing reached the client yet). Each failure counts towards ejecting the replica
 (router/http/failures.py, router/routing/outlier.py), a 5xx once the request's attempts are over unless every
-replica it went to answered it so; a 4xx is the request's own and goes back as it is. Once bytes flow they go to the client (relay.py),
-and a stream that breaks or stalls then goes on from another replica (migration.py). A client that disconnects before its
+replica it went to answered it so; a 4xx is the request's own and goes back as it is. Once bytes flow they go to the
+client (relay.py),
+and a stream that breaks or stalls then goes on from another replica (migration.py). A client that disconnects before
+its
 answer cancels the upstream request (the replica sees the connection close and aborts it). Each
 replica gets the body in the form it takes (``ProxyRequest.encoded_for``: tokenize once); a stream's
 asks for ``"return_token_ids": true``.

@@ -71,13 +71,15 @@ class RequestReader:
         return body, req, prompts, params[0] if params else None, pool
 
     async def read(self, http: HttpRequest, path: str, chat: bool) -> ProxyRequest:
-        """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
+        """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration
+        state."""
         svc = self.plane
         refuse_router_only_headers(http)
         raw = await http.body()
         t0 = time.perf_counter_ns()
         body, req, prompts, params, pool = await self._validate(raw, chat)
-        request = ProxyRequest(body, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path, size=len(raw),
+        request = ProxyRequest(body, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
+                               size=len(raw),
                                session_id=http.header(SESSION_HEADER) or req.user,
                                wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
                                tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)

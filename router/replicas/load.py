@@ -247,7 +247,8 @@ class ReplicaLoad:
                 self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
             self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
             self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
-            self.host_kv_usage, self.decode_step, self.lora = report.host_kv_cache_usage, report.decode_step, report.lora
+            self.host_kv_usage, self.decode_step = report.host_kv_cache_usage, report.decode_step
+            self.lora = report.lora
             self.max_num_seqs, self.scheduling_policy = report.max_num_seqs, report.scheduling_policy
             self.num_kv_blocks = report.num_kv_blocks
             self.reported_at = time.monotonic()

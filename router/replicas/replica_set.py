@@ -106,7 +106,8 @@ class ReplicaSet:
         """The records, live (no copy: call under ``lock`` or on the thread that changes the set)."""
         return self._by_id.values()
 
-    def candidates(self, pool: Collection[ReplicaId] | None = None, exclude: Collection[ReplicaId] = ()) -> list[Replica]:
+    def candidates(self, pool: Collection[ReplicaId] | None = None,
+                   exclude: Collection[ReplicaId] = ()) -> list[Replica]:
         """The replicas a request may decode on: healthy, not of role prefill, not in ``exclude``, in ``pool`` (the
         replicas serving its model; None: any)."""
         return [r for r in self._by_id.values()
@@ -122,4 +123,5 @@ class ReplicaSet:
 
     def healthy_within(self, excluded: Collection[ReplicaId], pool: Collection[ReplicaId] | None) -> set[ReplicaId]:
         """Healthy replicas of any role, less ``excluded``, within ``pool`` when given."""
-        return {rid for rid, r in self._by_id.items() if r.healthy and rid not in excluded and (pool is None or rid in pool)}
+        return {rid for rid, r in self._by_id.items()
+                if r.healthy and rid not in excluded and (pool is None or rid in pool)}

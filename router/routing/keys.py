@@ -9,7 +9,8 @@ prompt, so the two sides agree whenever the tokens (and extra keys) agree::
 
 Tokens are packed as little-endian uint32 (4 bytes each), so a block's token bytes have a fixed
 length and any extra-key bytes appended after them are unambiguous. Extra keys (cache salt digest,
-LoRA name and the identity of its weights) come from ``kvmesh.kvcache.hashing.block_extra_keys`` for requests and from the event's
+LoRA name and the identity of its weights) come from ``kvmesh.kvcache.hashing.block_extra_keys`` for requests and from
+the event's
 ``extra_keys`` for stored blocks; both are msgpack-encoded, so a tuple and the list it becomes on
 the wire give the same bytes.
 

@@ -62,7 +62,8 @@ from kvmesh.router.routing.cost import (
 DEFAULT_STEP_TOKENS = 8192.0
 """A step budget for the split's price (the decode replica's steps interleaved with the suffix's prefill)."""
 
-SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER = "ok", "prefill_failed", "skipped_no_room", "skipped_slower"
+SPLIT_OK, SPLIT_PREFILL_FAILED = "ok", "prefill_failed"
+SPLIT_NO_ROOM, SPLIT_SLOWER = "skipped_no_room", "skipped_slower"
 SPLIT_LAYOUT = "skipped_layout"
 SPLIT_OUTCOMES = (SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER, SPLIT_LAYOUT)
 """``kvmesh_router_pd_splits_total{outcome}``: split done, prefill call failed (the decode replica computed the
@@ -80,7 +81,8 @@ class KVPlacementRules:
     on a prefill replica (role=prefill) first, when one has room and the split is worth its seconds (pd_ttft_slack_s);
     shorter ones are served whole."""
     pd_max_prefill_backlog_tokens: int = 16384
-    """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this (a hard bound)."""
+    """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this (a hard
+    bound)."""
     pd_ttft_slack_s: float | None = 0.5
     """A split goes ahead when what it adds to the prompt's time to first token (the prefill replica's queue and
     prefill at its measured rate plus moving the KV, against the decode replica's queue and the uncached suffix)
@@ -209,7 +211,8 @@ def choose_split(prefill: Sequence[Replica], decode: Replica,
         return SplitChoice(None, SPLIT_NO_ROOM)
     usable = reusable_blocks(num_prompt_tokens, block_size)  # full blocks a replica reuses
     lacking = max(0, usable - (num_prompt_tokens - local_uncached) // block_size)
-    prices: list[tuple[SplitPrice, Replica]] | None = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
+    # None: the token rules alone
+    prices: list[tuple[SplitPrice, Replica]] | None = [] if rules.pd_ttft_slack_s is not None else None
     for replica in room if prices is not None else ():
         held = min(prefill_matched.get(replica.id, 0), usable) * block_size
         price = price_split(decode.load, replica.load, local_uncached, num_prompt_tokens - held, lacking,

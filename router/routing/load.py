@@ -69,7 +69,8 @@ class LoadTracker:
 
     @property
     def members_version(self) -> int:
-        """Rises whenever a replica is added or removed (router/routing/cost/load_columns.py lays its rows out again)."""
+        """Rises whenever a replica is added or removed (router/routing/cost/load_columns.py lays its rows out
+        again)."""
         return self.replicas.members_version
 
     def share(self, table: SharedLoadTable, row: int | None) -> None:

@@ -14,7 +14,8 @@ not hold a missed deadline against it.
     probe answered                     ->  back in rotation; a probe that fails ejects it again, for longer
 
 A replica whose ``/health`` fails is down, not an outlier (``on_down``): its count starts over and an
-ejection is lifted, so a replica that Ray restarts is back as soon as it answers ``/health``. ``k`` drops back to 0 once a re-admitted replica has served ``max_ejection_s`` without another ejection. The
+ejection is lifted, so a replica that Ray restarts is back as soon as it answers ``/health``. ``k`` drops back to 0 once
+a re-admitted replica has served ``max_ejection_s`` without another ejection. The
 caller never ejects the last replica in rotation (Envoy's ``max_ejection_percent``, here: one stays). Pure
 bookkeeping on the router's event loop over each replica record's ``health``: no I/O, no locks.
 """

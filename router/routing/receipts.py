@@ -132,7 +132,8 @@ class RouteReceipt:
             HEADER_BEST: str(self.best_hit_tokens),
             HEADER_PROMPT: str(self.num_prompt_tokens),
             HEADER_PREDICTED_HOST: str(self.predicted_host_tokens),
-        } | ({HEADER_PREDICTED_TTFT: f"{self.predicted_ttft_s:.6f}"} if self.predicted_ttft_s is not None else {}) | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {}) | self._transfer_headers()
+        } | ({HEADER_PREDICTED_TTFT: f"{self.predicted_ttft_s:.6f}"} if self.predicted_ttft_s is not None else {}) \
+            | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {}) | self._transfer_headers()
 
     def _transfer_headers(self) -> dict[str, str]:
         out = {}

@@ -70,7 +70,8 @@ def _chars(keys) -> int:
 class CachedTokenizer:
     """``encode(text, add_special_tokens)`` with exactly the tokenizer's ids, pieces served from an LRU cache."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer | FastTokenizer | HFTokenizer, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+    def __init__(self, tokenizer: tokenizers.Tokenizer | FastTokenizer | HFTokenizer,
+                 max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
                  chunk_chars: int = DEFAULT_CHUNK_CHARS) -> None:
         if max_cached_tokens < 0:
             raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
@@ -141,7 +142,8 @@ class CachedTokenizer:
         return frame
 
     # ------------------------------------------------------------ encoding
-    def encode(self, text: str, add_special_tokens: bool = True, max_fresh_chars: int | None = None) -> list[int] | None:
+    def encode(self, text: str, add_special_tokens: bool = True,
+               max_fresh_chars: int | None = None) -> list[int] | None:
         """Token ids of ``text``, identical to ``tokenizer.encode(text, add_special_tokens=...)``.
 
         With ``max_fresh_chars``: None (nothing done) when more than that many characters of ``text`` would be

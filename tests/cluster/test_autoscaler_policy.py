@@ -91,6 +91,8 @@ def test_bad_settings_are_refused_with_the_field_named(kwargs, message):
 def test_serve_refuses_a_starting_count_outside_the_bounds():
     from kvmesh.cluster.config.trees import ReplicasConfig, ServeConfig
 
-    with pytest.raises(ValueError, match=r"num_replicas=5 is outside autoscale.min_replicas=1..autoscale.max_replicas=3"):
-        ServeConfig(replicas=ReplicasConfig(num_replicas=5), autoscale=AutoscaleConfig(scale_with_load=True, max_replicas=3))
+    with pytest.raises(ValueError,
+                       match=r"num_replicas=5 is outside autoscale.min_replicas=1..autoscale.max_replicas=3"):
+        ServeConfig(replicas=ReplicasConfig(num_replicas=5),
+                    autoscale=AutoscaleConfig(scale_with_load=True, max_replicas=3))
     assert ServeConfig(replicas=ReplicasConfig(num_replicas=5)).max_replica_slots == 6  # bounds off: not checked

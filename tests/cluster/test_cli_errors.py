@@ -79,7 +79,8 @@ def test_a_cached_hub_id_without_a_hub_is_served_offline(tmp_path):
     (snapshot / "config.json").write_text("{}")
     (tmp_path / "models--some-org--some-model" / "refs").mkdir()
     (tmp_path / "models--some-org--some-model" / "refs" / "main").write_text("abc123")
-    code = ("import os; from kvmesh.cluster.config.loader import load_config; from kvmesh.cluster.launch.preflight import check; "
+    code = ("import os; from kvmesh.cluster.config.loader import load_config; from kvmesh.cluster.launch.preflight "
+            "import check; "
             "check(load_config(overrides={'engine.model': 'some-org/some-model', 'router.port': 0, "
             "'replicas.http_port': 0, 'replicas.event_port': 0}, env={})); print(os.environ.get('HF_HUB_OFFLINE'))")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9"}
@@ -125,7 +126,8 @@ def test_a_reader_that_left_is_an_exit_not_a_traceback():
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader left before the first byte
     try:
-        result = subprocess.run([sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--print-config"], stdout=write_end,
+        result = subprocess.run([sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--print-config"],
+                                stdout=write_end,
                                 stderr=subprocess.PIPE, text=True, timeout=60)
     finally:
         os.close(write_end)

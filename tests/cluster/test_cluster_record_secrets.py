@@ -19,7 +19,8 @@ def test_the_record_carries_the_routers_secrets_readable_by_its_user_only(tmp_pa
     record = running_record("http://localhost:8123", tmp_path)
     assert record is not None and "internal-key" not in repr(record) and "X" * 40 not in repr(record.router_secrets)
     other = record.router_secrets.apply(RouterConfig(port=0, policy="round_robin"))
-    assert (other.internal_key, other.cache_salt_secret, other.block_size) == (own.internal_key, own.cache_salt_secret, 8)
+    assert (other.internal_key, other.cache_salt_secret, other.block_size) == (own.internal_key, own.cache_salt_secret,
+                                                                               8)
     assert (other.events.curve_server_key, other.events.curve_public_key, other.events.curve_secret_key) == (
         "S" * 40, "P" * 40, "X" * 40)
     assert other.policy == "round_robin"

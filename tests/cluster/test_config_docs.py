@@ -12,7 +12,8 @@ from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "serve.example.yaml"
-REGENERATE = "regenerate: env -u KVMESH_API_KEY -u KVMESH_HASH_SEED .venv/bin/kvmesh serve --print-config > " + str(EXAMPLE)
+REGENERATE = ("regenerate: env -u KVMESH_API_KEY -u KVMESH_HASH_SEED .venv/bin/kvmesh serve --print-config > "
+              + str(EXAMPLE))
 
 
 def test_serve_example_yaml_is_the_generated_defaults():

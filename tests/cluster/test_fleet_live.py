@@ -75,7 +75,8 @@ def test_scale_to_two_through_the_admin_api(cluster):
     assert state["operations"][-1]["outcome"] == "ok"
     health = httpx.get(cluster.url + "/health", timeout=10).json()
     assert sorted(health["healthy_replicas"]) == sorted(state["replicas"])
-    too_many = httpx.post(cluster.url + "/admin/scale", json={"replicas": 9}, headers=admin_headers(cluster), timeout=10)
+    too_many = httpx.post(cluster.url + "/admin/scale", json={"replicas": 9}, headers=admin_headers(cluster),
+                          timeout=10)
     assert too_many.status_code == 400 and "cannot scale to 9" in too_many.json()["error"]["message"]
     # the session's Ray has RAY_NUM_CPUS = 8 logical CPUs and a replica takes 1 (capacity.py's count)
     assert "allowed 1..8 (what the Ray cluster's nodes hold" in too_many.json()["error"]["message"]

@@ -89,7 +89,8 @@ def test_a_rollout_cannot_overfill_a_shared_card():
     cluster = ServeCluster(_config(0.5), report=lambda _: None)
     cluster.state.device, cluster.state.model_path = "cuda", "/models/m"
     cluster.state.engine = cluster.engine_config()  # 0.45 each, as running
-    cluster.state.router = SimpleNamespace(runtime=SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry())))
+    metrics = SimpleNamespace(registry=CollectorRegistry())
+    cluster.state.router = SimpleNamespace(runtime=SimpleNamespace(metrics=metrics))
     fleet = Fleet(cluster)  # not started: requests are only checked and queued
     with pytest.raises(ValueError, match=r"bad engine settings.*puts 2 replicas on one GPU.*adds up to 1.20"):
         fleet.request_rollout({"gpu_memory_utilization": 0.6})

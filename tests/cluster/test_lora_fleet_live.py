@@ -1,4 +1,5 @@
-"""LoRA adapters through ``kvmesh serve``: one deployment of stories260K on 2 replicas serving PEFT adapters from the start.
+"""LoRA adapters through ``kvmesh serve``: one deployment of stories260K on 2 replicas serving PEFT adapters from the
+start.
 
 Under concurrent load the follow-ups of an adapter's conversation come back cached (the router keys adapter prompts
 as the engine hashes them and sends them where they are cached): none is lost, and the router diverts few enough

@@ -32,7 +32,8 @@ def run(tmp_path_factory) -> dict:
         pytest.skip(f"stories260K not found at {model}")
     out = tmp_path_factory.mktemp("multi-router") / "multi_router.json"
     proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.cli", "bench", "multi-router", "--requests",
-                             str(REQUESTS), "--trials", str(TRIALS), "--concurrency", "4", "--model", str(model), "--out", str(out)],
+                             str(REQUESTS), "--trials", str(TRIALS), "--concurrency", "4", "--model", str(model),
+                             "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)

@@ -76,7 +76,8 @@ def test_the_router_sections_cut_from_flat_fields_keep_their_flat_keys_flags_and
     assert (router.transfers.pd_min_uncached_tokens, router.transfers.peer_pulls, router.outliers.consecutive_failures,
             router.sessions.ttl_s, router.events.max_lag_s, router.upstream.max_attempts,
             router.tokenize.forward_token_ids) == (64, False, 1, 30.0, 2.0, 5, False)
-    assert "router.pd_min_uncached_tokens is deprecated, it is now router.transfers.pd_min_uncached_tokens" in caplog.text
+    assert ("router.pd_min_uncached_tokens is deprecated, it is now router.transfers.pd_min_uncached_tokens"
+            in caplog.text)
     assert "router.outlier_consecutive_failures is deprecated, it is now router.outliers.consecutive_failures" in (
         caplog.text)
 

@@ -68,7 +68,8 @@ def _sources(how: str, tmp_path, monkeypatch) -> list[str]:
     """The argv that sets the three new fields (through the file, the environment or flags)."""
     if how == "yaml":
         path = tmp_path / "replica.yaml"
-        path.write_text("engine: {new_engine_knob: 7}\nserver: {new_server_knob: 'on'}\nevents: {new_events_knob: 2.5}\n")
+        path.write_text("engine: {new_engine_knob: 7}\nserver: {new_server_knob: 'on'}\nevents: {new_events_knob: "
+                        "2.5}\n")
         return ["--config", str(path)]
     if how == "env":
         monkeypatch.setenv("KVMESH_ENGINE_NEW_ENGINE_KNOB", "7")

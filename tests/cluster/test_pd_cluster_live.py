@@ -1,4 +1,5 @@
-"""P/D and peer pulls, live: `kvmesh serve` with 1 prefill + 1 decode replica of stories260K on the session's Ray, then a
+"""P/D and peer pulls, live: `kvmesh serve` with 1 prefill + 1 decode replica of stories260K on the session's Ray, then
+a
 cluster of 2 replicas that pull a prefix from each other. Module order: roles in status and in the router, a
 long unseen prompt prefilled on one replica and decoded on the other (same greedy text as one replica), scale,
 drain rules per role, the prefill replica killed under a bounded load (no request fails); then the peer pull.

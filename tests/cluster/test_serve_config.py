@@ -114,7 +114,8 @@ def test_a_field_derived_from_another_section_says_where_to_set_it():
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"replicas": {"num_replicas": "two"}}, r"replicas\.num_replicas \(--num-replicas or KVMESH_REPLICAS_NUM_REPLICAS\): expected `int`"),
+    ({"replicas": {"num_replicas": "two"}},
+     r"replicas\.num_replicas \(--num-replicas or KVMESH_REPLICAS_NUM_REPLICAS\): expected `int`"),
     ({"replicas": {"num_replicas": 0}}, r"num_replicas=0 must be at least 1"),
     ({"engine": {"block_size": 0}}, r"block_size must be a positive integer"),
     ({"engine": {"kv_cache_memory": "lots"}}, r"kv_cache_memory='lots' is not a size"),
@@ -124,7 +125,8 @@ def test_a_field_derived_from_another_section_says_where_to_set_it():
     ({"engine": {"enable_prefix_caching": "maybe"}}, r"engine\.enable_prefix_caching .*expected `bool`"),
     ({"replicas": 3}, r"replicas must be a mapping"),
     ({"router": {"policy": "cache_awre"}}, r"unknown policy 'cache_awre' \(did you mean 'cache_aware'\?\)"),
-    ({"router": {"policy_kwargs": {"temprature": 1}}}, r"'temprature' is not an option of policy 'cache_aware_tokens' \(did you mean 'temperature'\?\)"),
+    ({"router": {"policy_kwargs": {"temprature": 1}}},
+     r"'temprature' is not an option of policy 'cache_aware_tokens' \(did you mean 'temperature'\?\)"),
     ({"engine": {"load_format": "safetensors"}}, r"cannot load the embedded model"),
     ({"router": {"port": 8100}}, r"router\.port and replicas\.http_port both use port 8100"),
     ({"router": {"api_key": "short"}}, r"api_key has 5 characters; use a secret of at least 8"),

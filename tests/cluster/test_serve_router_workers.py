@@ -49,7 +49,8 @@ def _every_worker(port: int, check, timeout: float = 30.0) -> None:
 
 @pytest.fixture(scope="module")
 def stubs():
-    procs = [subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--port", "0"],
+    procs = [subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--port",
+                               "0"],
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
     try:
         yield [f"http://127.0.0.1:{json.loads(p.stdout.readline())['port']}" for p in procs]

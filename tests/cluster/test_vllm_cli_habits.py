@@ -4,6 +4,7 @@ import pytest
 from kvmesh.cluster.cli import build_parser
 from kvmesh.cluster.config.flags import ConfigError, config_from_args
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, SERVE_SCHEMA
+from kvmesh.replica.spec_decode.config import parse_speculative_config
 
 
 def _config(command: str, argv: list[str]):
@@ -159,7 +160,7 @@ def test_serve_hands_every_served_name_to_its_router():
 @pytest.mark.parametrize("command", ["serve", "replica"])
 def test_a_draft_models_speculative_config_is_read_in_vllms_json_form(command):
     config = _config(command, ["/m", "--speculative-config", '{"model": "/models/draft", "num_speculative_tokens": 3}'])
-    spec = config.engine.speculative
+    spec = parse_speculative_config(config.engine.speculative_config)
     assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
 
 

@@ -37,7 +37,8 @@ def _kept_up_gpu_nodes(cluster_config: dict) -> list[NodeResources]:
     nodes = []
     for name, node_type in cluster_config["available_node_types"].items():
         if node_type["resources"].get("GPU", 0):
-            nodes += [NodeResources(f"{name}-{i}", f"{name}-{i}", {k: float(v) for k, v in node_type["resources"].items()})
+            nodes += [NodeResources(f"{name}-{i}", f"{name}-{i}",
+                                    {k: float(v) for k, v in node_type["resources"].items()})
                       for i in range(node_type.get("min_workers", 0))]
     return nodes
 

@@ -131,7 +131,8 @@ class Follower:
     def caught_up(self, name: str, pub) -> bool:
         st = self.sub.stats.get(name)
         tracker = self.sub._io.trackers.get(name)
-        return pub.flushed() and st is not None and st.last_seq == pub.seq - 1 and tracker is not None and tracker.mode == "live"
+        return (pub.flushed() and st is not None and st.last_seq == pub.seq - 1
+                and tracker is not None and tracker.mode == "live")
 
     def joined(self, name: str, pub, followers: int = 1, timeout: float = 5.0) -> bool:
         """Following ``pub`` live: its snapshot applied, the replay probe that follows a snapshot answered

@@ -18,7 +18,8 @@ LISTS = 1_000_000
 TS = b"\xcb" + b"\0" * 8
 
 EXPENSIVE = {  # each costs ~0.5-1.5 s and up to ~300 MB to decode in full
-    "arrays nested where events belong": b"\x93" + TS + b"\xdd" + LISTS.to_bytes(4, "big") + b"\x91\x90" * LISTS + b"\0",
+    "arrays nested where events belong": b"\x93" + TS + b"\xdd" + LISTS.to_bytes(4,
+                                                                                 "big") + b"\x91\x90" * LISTS + b"\0",
     "arrays nested a million deep": b"\x93" + TS + b"\x91" * LISTS + b"\x90" + b"\0",
     "a batch of 200,000 events": ENC.encode([0.0, [{"type": "AllBlocksCleared"}] * 200_000, 0]),
     "200,000 positional events": ENC.encode([0.0, [["BlockRemoved", [b"\0" * 8], "GPU"]] * 200_000, 0]),

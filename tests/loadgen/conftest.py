@@ -1,4 +1,5 @@
-"""Load-generator test fixtures: the fake replica (``kvmesh.cluster.measure.benchmarks.support.fake_replica``) on a thread.
+"""Load-generator test fixtures: the fake replica (``kvmesh.cluster.measure.benchmarks.support.fake_replica``) on a
+thread.
 
 It streams ``max_tokens`` chunks ``token_delay`` apart and reports ``usage`` with
 ``prompt_tokens_details.cached_tokens`` from a real prefix cache of 16-token blocks (token-id prompts

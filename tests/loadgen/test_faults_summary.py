@@ -1,4 +1,5 @@
-"""kvmesh bench faults: how it counts what clients saw (the kill-under-load run itself is in BENCHMARKS.md, "Replicas killed under load")."""
+"""kvmesh bench faults: how it counts what clients saw (the kill-under-load run itself is in BENCHMARKS.md, "Replicas
+killed under load")."""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ def test_kvmesh_router_is_fed_every_replicas_event_and_replay_sockets(tmp_path):
     cmd = router_command("kvmesh", FLEET, tmp_path)
     assert cmd[1:4] == ["-m", "kvmesh.cluster.cli", "router"] and "--policy" not in cmd
     assert [cmd[i + 1] for i, x in enumerate(cmd) if x == "--replica"] == [
-        "http://127.0.0.1:1,events=tcp://127.0.0.1:2,replay=tcp://127.0.0.1:3", "http://127.0.0.1:4,events=tcp://127.0.0.1:5"]
+        "http://127.0.0.1:1,events=tcp://127.0.0.1:2,replay=tcp://127.0.0.1:3",
+        "http://127.0.0.1:4,events=tcp://127.0.0.1:5"]
     assert router_command("kvmesh:round_robin", FLEET, tmp_path)[-2:] == ["--policy", "round_robin"]
 
 
@@ -75,7 +76,8 @@ def _row(rnd: int, router: str, hit: float, ttft: float) -> dict:
 
 
 def test_kvmesh_against_a_peer_is_a_paired_difference_round_by_round():
-    rows = [_row(0, "kvmesh", 0.5, 0.10), _row(0, "p", 0.4, 0.20), _row(1, "kvmesh", 0.3, 0.30), _row(1, "p", 0.2, 0.30)]
+    rows = [_row(0, "kvmesh", 0.5, 0.10), _row(0, "p", 0.4, 0.20), _row(1, "kvmesh", 0.3, 0.30),
+            _row(1, "p", 0.2, 0.30)]
     s = stats(rows, ["kvmesh", "p"], ["w"])["w"]
     assert s["kvmesh"]["hit_rate"][0] == pytest.approx(0.4) and s["p"]["requests"] == 20
     vs = s["p"]["vs_reference"]
@@ -84,7 +86,8 @@ def test_kvmesh_against_a_peer_is_a_paired_difference_round_by_round():
     assert vs["ttft_mean_ratio"][1] == pytest.approx(12.706 * (0.5 / 2 ** 0.5) / 2 ** 0.5)  # t(1) x sd / sqrt(n)
     assert "vs_reference" not in s["kvmesh"] and s["p"]["load_imbalance"] == pytest.approx((1.2, 0.0))
     lines = table({"stats": {"w": s}}).splitlines()
-    assert lines[2].startswith("| w | **kvmesh** | 40.0 ± 127.1% |") and "| +10.0 ± 0.0 |" in lines[3] and "| 1.20 ± 0.00 |" in lines[3]
+    assert lines[2].startswith("| w | **kvmesh** | 40.0 ± 127.1% |")
+    assert "| +10.0 ± 0.0 |" in lines[3] and "| 1.20 ± 0.00 |" in lines[3]
 
 
 def _peers() -> list[str]:

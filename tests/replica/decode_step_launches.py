@@ -9,11 +9,13 @@ B decode rows -- is watched two ways at once:
     Triton       the kernel class's ``run`` (the launch path, compiled or interpreted) is wrapped, so
                  every launch counts by kernel name, the ``torch.ops.kvmesh.*`` wrappers not at all
 
-(the interpreter's own tensor copies inside a launch are not counted) and each launch is put in the phase it happened in: ``inputs`` (the persistent batch writes and uploads
+(the interpreter's own tensor copies inside a launch are not counted) and each launch is put in the phase it happened
+in: ``inputs`` (the persistent batch writes and uploads
 the step), ``layer`` (inside a decoder layer: counted per layer), ``model`` (embedding, final norm),
 ``lm_head``, ``sample``, ``runner`` (the rest of ``execute_model``) and ``output`` (reading the tokens
 back). On CPU the greedy argmax runs in numpy (sampler.argmax), unseen here; on CUDA it is one
-``aten::argmax`` in ``sample``. tests/replica/test_decode_step_launches.py checks it; ``python tests/replica/decode_step_launches.py
+``aten::argmax`` in ``sample``. tests/replica/test_decode_step_launches.py checks it; ``python
+tests/replica/decode_step_launches.py
 [model]`` prints the BENCHMARKS.md table (``--prefill``: the cached-prefix step's, eager and on the prefill
 graphs' path), split-KV sized for an H100 (TRITON_INTERPRET=1 is set here
 before triton is imported).

@@ -1,5 +1,6 @@
 """Draft models for speculative decoding tests: stories260K itself (it drafts what it then verifies: nearly every
-draft is accepted) and a copy whose weights carry seeded noise (many drafts rejected; conftest.py's ``perturbed_draft``)."""
+draft is accepted) and a copy whose weights carry seeded noise (many drafts rejected; conftest.py's
+``perturbed_draft``)."""
 
 from __future__ import annotations
 

@@ -81,7 +81,8 @@ def run(engine: LLMEngine, prompts: list[dict[str, list[int]]], lengths: dict[st
         static.run = counting_static
     for i, wave in enumerate(prompts):
         for rid, prompt in wave.items():
-            engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True)))
+            engine.add_request(EngineRequest(rid, prompt,
+                                             SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True)))
         for _ in range(steps_between_waves if i + 1 < len(prompts) else 1 << 30):
             if not engine.has_unfinished_requests():
                 break

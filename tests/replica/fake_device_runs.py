@@ -48,7 +48,8 @@ def scenarios() -> dict[str, tuple[dict, dict, dict | None]]:
     out["prompt-logprobs"] = ({"max_num_batched_tokens": 32},
                               {"p": (LONG, dict(temperature=0.0, prompt_logprobs=2, max_tokens=2))}, None)
     out["async"] = ({"async_scheduling": True, "max_num_batched_tokens": 24},
-                    {"a": (LONG, greedy), "b": (PROMPT, SAMPLING["top_k_top_p"]), "c": (PROMPT[:5], SAMPLING["min_tokens"])},
+                    {"a": (LONG, greedy), "b": (PROMPT, SAMPLING["top_k_top_p"]),
+                     "c": (PROMPT[:5], SAMPLING["min_tokens"])},
                     {"d": (LONG[:40], SAMPLING["logit_bias"])})
     return out
 
@@ -145,7 +146,8 @@ def static_steps(path: str) -> dict:
                                                          runner.input_batch.block_tables.table.shape[1], 256,
                                                          runner.device)
             run = static.run
-            static.run = lambda n, sampling=None, rows=static_rows, run=run: rows.append([n, sampling]) or run(n, sampling)
+            static.run = lambda n, sampling=None, rows=static_rows, run=run: rows.append([n, sampling]) or run(n,
+                                                                                                               sampling)
             tokens, logs = _run(engine, dev, requests, None)
         sync = {k: v for k, v in kw.items() if k != "async_scheduling"}
         cpu, _ = _run(_engine(path, False, **sync), None, requests, None)

@@ -1,4 +1,5 @@
-"""ReplicaOptions, the server section and the TP rendezvous settings validate at the edge, with messages that say what to do."""
+"""ReplicaOptions, the server section and the TP rendezvous settings validate at the edge, with messages that say what
+to do."""
 
 from __future__ import annotations
 

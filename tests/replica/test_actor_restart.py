@@ -1,4 +1,5 @@
-"""The replica as a Ray actor: serves through its reported HTTP endpoint; a killed actor comes back empty and says so."""
+"""The replica as a Ray actor: serves through its reported HTTP endpoint; a killed actor comes back empty and says
+so."""
 
 from __future__ import annotations
 

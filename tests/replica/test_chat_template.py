@@ -112,7 +112,8 @@ def test_sandbox_refuses_what_transformers_refuses(stories):  # noqa: F811
 
 STR_METHODS_TEMPLATE = (
     "{% for m in messages %}{{ m['content'].strip().upper() }}|{{ m['content'].split(' ') | length }}|"
-    "{{ m['role'].replace('u', 'U', 1) }}|{{ m['content'].split(' ', maxsplit=1) | length }}|{{ m['content'].startswith('a') }}|"
+    "{{ m['role'].replace('u', 'U', 1) }}|{{ m['content'].split(' ', maxsplit=1) | length }}|{{ "
+    "m['content'].startswith('a') }}|"
     "{{ '{}:{}'.format(m['role'], loop.index0) }}|{{ m['content'].title() }}\n{% endfor %}"
 )
 

@@ -134,8 +134,10 @@ async def test_hundreds_of_calls_cancelled_at_random_points_never_kill_the_engin
     cancelled = 0
     for n in range(200):
         try:
-            # Every fourth call gives up a microsecond in, once its command is sent and before a step can answer it (the one
-            # certain case of the race, however fast or loaded the machine); the others at a random point of up to 1.5 steps.
+            # Every fourth call gives up a microsecond in, once its command is sent and before a step can answer it (the
+            # one
+            # certain case of the race, however fast or loaded the machine); the others at a random point of up to 1.5
+            # steps.
             timeout = 1e-6 if n % 4 == 0 else rng.uniform(0.0, 0.006)
             await asyncio.wait_for(CALLS[kind](llm, n), timeout=timeout)
         except asyncio.TimeoutError:

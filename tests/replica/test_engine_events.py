@@ -1,4 +1,5 @@
-"""The engine publishes its block pool's events: one batch per step, in order, medium "GPU" (the engine's own cache on every device, as vLLM's block pool writes it)."""
+"""The engine publishes its block pool's events: one batch per step, in order, medium "GPU" (the engine's own cache on
+every device, as vLLM's block pool writes it)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ def make_engine(stories_path, offload: str | None, **kw) -> tuple[LLMEngine, Rec
 
 
 def generate(engine: LLMEngine, request_id: str, prompt: list[int], max_tokens: int = 16):
-    engine.add_request(EngineRequest(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
+    engine.add_request(EngineRequest(request_id, prompt,
+                                     SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
     while True:
         for out in engine.step():
             if out.request_id == request_id and out.finished:

@@ -34,7 +34,8 @@ def fp8_step(dtype: torch.dtype, specs=SPECS, block_size=16, hq=4, hk=2, dh=8, s
     k, v, cache = k * 4, v * 4, cache * 4  # beyond E4M3's finest steps; the reference sees the rounding
     ks, vs = scales()
     cache8 = torch.stack([quantize(cache[0], ks, dtype), quantize(cache[1], vs, dtype)])
-    seen = (dequantize(quantize(k, ks, dtype), ks, torch.float32), dequantize(quantize(v, vs, dtype), vs, torch.float32),
+    seen = (dequantize(quantize(k, ks, dtype), ks, torch.float32),
+            dequantize(quantize(v, vs, dtype), vs, torch.float32),
             torch.stack([dequantize(cache8[0], ks, torch.float32), dequantize(cache8[1], vs, torch.float32)]))
     return q, k, v, cache8, common, seen
 
@@ -98,8 +99,10 @@ def test_triton_rotary_folds_quantize_what_the_model_dtype_cache_holds(specs):
     got = fp8.forward(q.clone(), k, v, cache8, fp8.build(common), 0.3, rope, kv_scales=scales())
     flat_plain, flat8 = cache_plain.view(2, -1, 2, 8), cache8.view(2, -1, 2, 8)
     slots = common.slot_mapping
-    assert torch.equal(flat8[0, slots].view(torch.uint8), quantize(flat_plain[0, slots], ks, flat8.dtype).view(torch.uint8))
-    assert torch.equal(flat8[1, slots].view(torch.uint8), quantize(flat_plain[1, slots], vs, flat8.dtype).view(torch.uint8))
+    assert torch.equal(flat8[0, slots].view(torch.uint8),
+                       quantize(flat_plain[0, slots], ks, flat8.dtype).view(torch.uint8))
+    assert torch.equal(flat8[1, slots].view(torch.uint8),
+                       quantize(flat_plain[1, slots], vs, flat8.dtype).view(torch.uint8))
     torch.testing.assert_close(got, expected, atol=0.15, rtol=0.1)
 
 

@@ -145,7 +145,8 @@ def test_checkpoint_kv_scales_become_the_layers_scales_and_their_absence_is_logg
 
     for name in os.listdir(stories_path):
         os.symlink(os.path.join(stories_path, name), tmp_path / name)
-    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5), "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
+    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+               "model.layers.0.self_attn.v_scale": torch.tensor(2.0),
                "model.layers.1.self_attn.kv_scale": torch.tensor(0.25)}, str(tmp_path / "kv_scales.safetensors"))
     with caplog.at_level(logging.INFO):
         scaled = engine(tmp_path, kv_cache_dtype="fp8", kv_cache_memory="1MiB")

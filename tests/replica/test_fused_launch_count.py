@@ -114,7 +114,8 @@ def profiled_layer_ops(path, dtype: str, fused: bool, device: torch.device, laye
         h.remove()
     events = prof.events()
     scope_id = next(e.id for e in events if e.name == "decoder_layer")
-    return [e.name if _launched(e) else "view" for e in events if e.cpu_parent is not None and e.cpu_parent.id == scope_id]
+    return [e.name if _launched(e) else "view" for e in events
+            if e.cpu_parent is not None and e.cpu_parent.id == scope_id]
 
 
 def _launched(event) -> bool:

@@ -52,7 +52,8 @@ def serve(engine: LLMEngine) -> dict[str, list[int]]:
     shared = [rng.randrange(3, 512) for _ in range(17)]
     prompts = {"a": shared + [5], "b": shared + [7, 8, 9], "c": [rng.randrange(3, 512) for _ in range(30)]}
     for i, (rid, prompt) in enumerate(prompts.items()):
-        engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True)))
+        engine.add_request(EngineRequest(rid, prompt,
+                                         SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True)))
         engine.step()
     while engine.has_unfinished_requests():
         engine.step()

@@ -53,7 +53,8 @@ def _load_twice(tmp_path, first_ids, second_ids, together: bool = False) -> list
             inside.wait() if together else time.sleep(0.3)  # the load under test, holding the lock
             events.append((f"{name} out", time.monotonic()))
 
-    threads = [threading.Thread(target=load, args=("a", first_ids)), threading.Thread(target=load, args=("b", second_ids))]
+    threads = [threading.Thread(target=load, args=("a", first_ids)),
+               threading.Thread(target=load, args=("b", second_ids))]
     for t in threads:
         t.start()
     for t in threads:

@@ -52,7 +52,8 @@ def holder(stories_path):
 
 def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_for_its_puller(holder, stories_path):
     engine, kv, holder_agent = holder
-    engine.add_request(EngineRequest("prefill", PROMPT, SamplingParams(max_tokens=1, temperature=0.0), remote_kv=LEASED))
+    engine.add_request(EngineRequest("prefill", PROMPT, SamplingParams(max_tokens=1, temperature=0.0),
+                                     remote_kv=LEASED))
     engine.add_request(EngineRequest("filler", FILLER, SamplingParams(max_tokens=4, temperature=0.0)))  # waits for room
     handle = _run_until(engine, "prefill").kv_lease  # the lease rides out on the final output
     assert len(handle["remote_block_ids"]) == 26 and handle["num_tokens"] == 416 and handle["remote_lease_id"]
@@ -80,7 +81,8 @@ def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_fo
 
 def test_an_aborted_request_ends_with_an_empty_handle_and_holds_nothing(holder):
     engine, kv, _ = holder
-    engine.add_request(EngineRequest("prefill", PROMPT, SamplingParams(max_tokens=8, temperature=0.0), remote_kv=LEASED))
+    engine.add_request(EngineRequest("prefill", PROMPT, SamplingParams(max_tokens=8, temperature=0.0),
+                                     remote_kv=LEASED))
     engine.step()
     engine.abort_request("prefill")
     (final,) = [o for o in engine.step() if o.request_id == "prefill"]

@@ -134,7 +134,8 @@ def test_a_pull_asks_a_registered_peer_for_the_prompts_lease_with_its_replica_id
         with client(b) as cb:
             cb.post("/kv/peers", json={"peers": [{"replica_id": "rec", "url": url}]}).raise_for_status()
             r = complete(cb, prompt, max_tokens=2, cache_salt="s", kv_transfer_params={
-                "do_remote_prefill": True, "remote_url": url.rstrip("/"), "remote_lease_id": "the-handle", "remote_block_ids": [1, 2, 3]})
+                "do_remote_prefill": True, "remote_url": url.rstrip("/"), "remote_lease_id": "the-handle",
+                "remote_block_ids": [1, 2, 3]})
         assert r.headers["x-kvmesh-kv-pull"] == "skipped"
         lease, release = _Recorder.seen
         assert lease["path"] == "/kv/lease" and lease["headers"]["x-kvmesh-replica-id"] == "b"

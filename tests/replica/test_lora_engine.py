@@ -48,7 +48,8 @@ def run_all(engine: LLMEngine, adapters, rounds: int = 1) -> dict:
     for r in range(rounds):
         for lora in adapters:
             for p, prompt in enumerate(PROMPTS):
-                engine.add_request(EngineRequest(f"{lora and lora.lora_name}-{p}-{r}", prompt, GREEDY, lora_request=lora))
+                engine.add_request(EngineRequest(f"{lora and lora.lora_name}-{p}-{r}", prompt, GREEDY,
+                                                 lora_request=lora))
                 n += 1
     for _ in range(2000):
         for out in engine.step():
@@ -125,7 +126,8 @@ def test_adapters_registered_at_start_and_removed(stories_path, adapters):
     with pytest.raises(ValueError, match="remove it first"):
         engine.add_lora(LoRARequest("a1", a1.lora_int_id, named["a2"]))
     with pytest.raises(ValueError, match="is registered as"):
-        engine.add_request(EngineRequest("x", PROMPTS[0], GREEDY, lora_request=LoRARequest("a1", a1.lora_int_id, "/elsewhere")))
+        engine.add_request(EngineRequest("x", PROMPTS[0], GREEDY,
+                                         lora_request=LoRARequest("a1", a1.lora_int_id, "/elsewhere")))
     assert engine.remove_lora("a1") and not engine.remove_lora("a1")
     assert "a1" not in engine.loras.load([]).adapters
 

@@ -35,7 +35,8 @@ def replica(stories_path, tmp_path_factory):
     make_adapter(stories_path, root / "new", seed=22)
     engine = EngineConfig(model=str(stories_path), dtype="float32", kv_cache_memory=4 << 20, enable_lora=True,
                           max_loras=2, max_lora_rank=8,
-                          lora_modules={"ref-old": str(root / "old"), "ref-new": str(root / "new"), "x": str(root / "old")})
+                          lora_modules={"ref-old": str(root / "old"), "ref-new": str(root / "new"),
+                                        "x": str(root / "old")})
     runtime = ReplicaRuntime.start(engine, ReplicaServerConfig(port=0, event_port=0, replay_port=0, admin_key=ADMIN))
     try:
         yield runtime.http.url, root

@@ -119,11 +119,13 @@ def test_an_adapter_unloaded_and_loaded_from_other_weights_answers_as_those_weig
     ids = [random.Random(44).randrange(3, 500) for _ in range(121)]  # 7 full blocks of 16
 
     def load(name: str, path) -> None:
-        r = client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, headers=bearer(ADMIN))
+        r = client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)},
+                        headers=bearer(ADMIN))
         assert r.status_code == 200, r.text
 
     def unload(name: str) -> None:
-        assert client.post("/v1/unload_lora_adapter", json={"lora_name": name}, headers=bearer(ADMIN)).status_code == 200
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": name},
+                           headers=bearer(ADMIN)).status_code == 200
 
     load("re", root / "tiny")
     old = complete(client, "re", ids)

@@ -77,7 +77,8 @@ def test_a_lookup_that_broke_computes_the_prompt_and_an_aborted_wait_ends_the_pu
 
 def test_the_prefill_sides_lease_leaves_on_the_final_output():
     engine = _engine()
-    engine.add_request(EngineRequest("prefill", PROMPT, THREE, remote_kv=RemoteKV(lease_ttl_s=30.0, peer="router", engine_id="me")))
+    engine.add_request(EngineRequest("prefill", PROMPT, THREE,
+                                     remote_kv=RemoteKV(lease_ttl_s=30.0, peer="router", engine_id="me")))
     handle = _finals(engine, 5)["prefill"].kv_lease
     assert handle["num_tokens"] == 16 and len(handle["remote_block_ids"]) == 4 and handle["remote_lease_id"]
     assert handle["remote_engine_id"] == "me" and handle["do_remote_prefill"] and not handle["do_remote_decode"]

@@ -1,5 +1,6 @@
 """A request's booking on its router's load (replica/openai/router_booking.py): honoured only from the cluster's
-internal key, a malformed one refused by name (a client sending it to the router: tests/router/test_published_load.py)."""
+internal key, a malformed one refused by name (a client sending it to the router:
+tests/router/test_published_load.py)."""
 
 from __future__ import annotations
 

@@ -169,7 +169,8 @@ def test_the_fields_a_request_sent_are_all_its_dict_holds():
 def test_the_prompts_of_a_request_share_one_checked_copy_of_its_lists():
     bias = {str(t): 1 for t in range(VOCAB)}
     req = parse_request(CompletionRequest, {"prompt": [[1, 2], [3, 4, 5], [6]], "logit_bias": bias,
-                                            "allowed_token_ids": list(range(VOCAB)), "min_tokens": 1, "max_tokens": None})
+                                            "allowed_token_ids": list(range(VOCAB)), "min_tokens": 1,
+                                            "max_tokens": None})
     params = params_per_prompt(req, req.prompts(), max_model_len=10, default_max_tokens=None)
     assert [sp.max_tokens for sp in params] == [8, 7, 9]  # each prompt's room in the context
     assert all(sp.logit_bias is params[0].logit_bias and sp.allowed_token_ids is params[0].allowed_token_ids
@@ -177,7 +178,8 @@ def test_the_prompts_of_a_request_share_one_checked_copy_of_its_lists():
 
 
 def test_a_prompt_too_long_for_min_tokens_is_named_like_the_first():
-    req = parse_request(CompletionRequest, {"prompt": [[1], [1, 2, 3, 4, 5, 6, 7]], "min_tokens": 5, "max_tokens": None})
+    req = parse_request(CompletionRequest,
+                        {"prompt": [[1], [1, 2, 3, 4, 5, 6, 7]], "min_tokens": 5, "max_tokens": None})
     with pytest.raises(ProtocolError) as e:
         params_per_prompt(req, req.prompts(), max_model_len=10, default_max_tokens=None)
     assert e.value.param == "min_tokens"

@@ -161,7 +161,8 @@ def test_allowed_token_ids_confine_their_rows_and_leave_the_others():
     logits = torch.randn(6, V, generator=torch.Generator().manual_seed(7))
     allowed = [3, 17, 41]
     params = [SamplingParams(temperature=0.0, allowed_token_ids=allowed), SamplingParams(temperature=0.0),
-              *[SamplingParams(temperature=2.0, allowed_token_ids=allowed)] * 3, SamplingParams(temperature=2.0, seed=1)]
+              *[SamplingParams(temperature=2.0, allowed_token_ids=allowed)] * 3,
+              SamplingParams(temperature=2.0, seed=1)]
     got = sample(logits, params, seed=3)
     assert got[0] == allowed[int(logits[0, allowed].argmax())] and got[1] == int(logits[1].argmax())
     assert all(t in allowed for t in got[2:5])

@@ -115,7 +115,7 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_error_event_then_done(replica
 
 
 async def test_exception_inside_one_request_fails_only_that_request(replica, caplog):
-    caplog.set_level(logging.ERROR, logger="kvmesh.replica.server.completions")
+    caplog.set_level(logging.ERROR, logger="kvmesh.replica.server.answer_renderer")
     async with httpx.AsyncClient(base_url=replica.http.url, timeout=60) as c:
         good = c.post("/v1/completions", json={"prompt": [1, 403, 407], "max_tokens": 20, "ignore_eos": True})
         bad = c.post("/v1/completions", json={"prompt": [1, 403, POISON], "max_tokens": 20})

@@ -87,7 +87,8 @@ def test_chat_non_streamed_and_streamed(client, replica):
     events = sse_events(client.post("/v1/chat/completions", json={**req, "stream": True}).text)
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks) == body["choices"][0]["message"]["content"]
+    streamed = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks)
+    assert streamed == body["choices"][0]["message"]["content"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" and events[-1] == "[DONE]"
 
 

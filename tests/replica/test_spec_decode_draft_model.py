@@ -94,8 +94,9 @@ class Proposer:
     def __init__(self, stories_path, draft, num_kv_blocks: int) -> None:
         config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", block_size=4,
                               speculative_config=draft_spec(draft, 4))
-        model = local_draft_model(config, 512, 256, num_kv_blocks)
-        self.batch = DraftModelProposer(config.speculative, model, config.seed)
+        spec = parse_speculative_config(config.speculative_config)
+        model = local_draft_model(config, spec, 512, 256, num_kv_blocks)
+        self.batch = DraftModelProposer(spec, model, config.seed)
         self.states = self.batch.states
 
     def propose(self, request_id, tokens, max_drafts, sp):

@@ -143,7 +143,8 @@ def test_structured_output_requests_decode_one_token_per_step(stories_path, spec
 
     def run(config: dict | None) -> tuple[LLMEngine, dict]:
         eng, done = engine(stories_path, config), {}
-        eng.add_request(EngineRequest("a", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=(
+        eng.add_request(EngineRequest("a", PROMPTS["a"],
+                                      SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=(
             StructuredOutputsParams(regex="[a-z ]{8,40}")))))
         eng.add_request(EngineRequest("c", PROMPTS["c"], greedy(30)))
         deadline = time.monotonic() + 60  # the grammar compiles in another process meanwhile

@@ -35,7 +35,8 @@ def flash_reference(monkeypatch):
 
 def generate(engine: LLMEngine, prompts: dict[str, list[int]], lengths: dict[str, int]) -> dict[str, list[int]]:
     for rid, prompt in prompts.items():
-        engine.add_request(EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True)))
+        engine.add_request(EngineRequest(rid, prompt,
+                                         SamplingParams(temperature=0.0, max_tokens=lengths[rid], ignore_eos=True)))
     finals = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -246,7 +247,8 @@ def test_static_decode_samples_every_option_from_the_graphs_logits(flash_referen
 MIXED = [dict(temperature=0.9), dict(temperature=0.8, seed=1), dict(temperature=1.2, top_k=5),
          dict(temperature=0.9, top_p=0.8, seed=3), dict(temperature=1.1, top_k=40, top_p=0.9), dict(temperature=0.0)]
 NO_TRUNCATION = [dict(temperature=0.9), dict(temperature=0.7, seed=2), dict(temperature=0.0), dict(temperature=1.3)]
-LOGPROBS = [dict(temperature=0.9, logprobs=3), dict(temperature=0.8, top_p=0.9, seed=1), dict(temperature=0.0, logprobs=0),
+LOGPROBS = [dict(temperature=0.9, logprobs=3), dict(temperature=0.8, top_p=0.9, seed=1),
+            dict(temperature=0.0, logprobs=0),
             dict(temperature=1.2, top_k=5, logprobs=20)]
 
 

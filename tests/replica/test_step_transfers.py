@@ -152,7 +152,8 @@ def test_a_cuda_graph_decode_step_with_logprobs_is_one_upload_one_run_one_copy_b
     decode = logs[1:]
     assert decode and all(len(log["d2h"]) == 1 and log["d2h"][0].startswith("copy_ into a host tensor")
                           for log in decode), [log["d2h"] for log in decode]
-    assert all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0] for log in decode), [log["h2d"] for log in decode]
+    assert all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0]
+               for log in decode), [log["h2d"] for log in decode]
 
 
 @pytest.mark.parametrize("name", ["greedy", "sampled"])

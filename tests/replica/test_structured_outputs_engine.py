@@ -29,8 +29,10 @@ def matches_schema(text: str) -> bool:
 
 def constrained(max_tokens: int = 64) -> dict[str, SamplingParams]:
     """A JSON schema, a choice, a regex and an unconstrained request, seeded where random."""
-    return {"a": SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams.from_schema(SCHEMA, "x")),
-            "b": SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams(choice=("yes", "no"))),
+    return {"a": SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                structured_outputs=StructuredOutputsParams.from_schema(SCHEMA, "x")),
+            "b": SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens,
+                                structured_outputs=StructuredOutputsParams(choice=("yes", "no"))),
             "c": SamplingParams(temperature=1.0, seed=5, max_tokens=max_tokens,
                                 structured_outputs=StructuredOutputsParams(regex=r"[a-z]+ [0-9]{3}")),
             "d": SamplingParams(temperature=0.8, seed=2, max_tokens=28, ignore_eos=True)}
@@ -131,7 +133,8 @@ def test_length_limited_strings_parse_for_every_seed(stories_path):
 
 
 def test_max_tokens_inside_the_grammar_ends_with_length(stories_path):
-    params = {"a": SamplingParams(temperature=0.0, max_tokens=3, structured_outputs=StructuredOutputsParams.from_schema(SCHEMA, "x"))}
+    params = {"a": SamplingParams(temperature=0.0, max_tokens=3,
+                                  structured_outputs=StructuredOutputsParams.from_schema(SCHEMA, "x"))}
     tokens, reason, text = generate(engine(stories_path, False), params)["a"]
     assert reason == "length" and len(tokens) == 3 and text.startswith("{")
 
@@ -146,7 +149,8 @@ def test_a_complete_grammar_stops_even_with_ignore_eos(stories_path):
 @pytest.mark.parametrize("so, field", [
     (StructuredOutputsParams(regex="(ab", field="guided_regex"), "guided_regex"),
     (StructuredOutputsParams(grammar='root ::= "a" |', field="structured_outputs"), "structured_outputs"),
-    (StructuredOutputsParams(json='{"type": 5}', field="response_format.json_schema.schema"), "response_format.json_schema.schema"),
+    (StructuredOutputsParams(json='{"type": 5}', field="response_format.json_schema.schema"),
+     "response_format.json_schema.schema"),
 ])
 def test_a_constraint_that_does_not_compile_is_refused_naming_its_field(stories_path, so, field):
     eng = engine(stories_path, False)
@@ -159,7 +163,8 @@ def test_a_constraint_that_does_not_compile_is_refused_naming_its_field(stories_
 def slow_choice(seed: int, words: int = 1000) -> StructuredOutputsParams:
     """A choice list (unique per ``seed``); 1,000 words take about a second to compile on stories260K's tokenizer."""
     rng = random.Random(seed)
-    return StructuredOutputsParams(choice=tuple("".join(rng.choice(string.ascii_lowercase) for _ in range(60)) for _ in range(words)),
+    choice = tuple("".join(rng.choice(string.ascii_lowercase) for _ in range(60)) for _ in range(words))
+    return StructuredOutputsParams(choice=choice,
               field="guided_choice")
 
 
@@ -168,8 +173,10 @@ def test_grammars_compile_off_the_engine_thread_and_the_others_run_meanwhile(sto
     second request with the same spec shares the compilation."""
     eng = engine(stories_path, False)
     manager, so = eng.structured_output, slow_choice(0, words=100)
-    eng.add_request(EngineRequest("c1", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so)))
-    eng.add_request(EngineRequest("c2", PROMPTS["b"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so)))
+    eng.add_request(EngineRequest("c1", PROMPTS["a"],
+                                  SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so)))
+    eng.add_request(EngineRequest("c2", PROMPTS["b"],
+                                  SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so)))
     eng.add_request(EngineRequest("free", PROMPTS["d"], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)))
     done = {}
     while "free" not in done:
@@ -189,7 +196,8 @@ def test_a_token_the_grammar_refuses_fails_only_its_request(stories_path, monkey
     import kvmesh.replica.sample.sampler as sampler
 
     monkeypatch.setattr(sampler, "apply_grammar_bitmask", lambda logits, rows, bitmask: None)
-    params = {"b": SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=("zzzz", "qqqq"))),
+    params = {"b": SamplingParams(temperature=0.0, max_tokens=8,
+                                  structured_outputs=StructuredOutputsParams(choice=("zzzz", "qqqq"))),
               "d": SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)}
     results = generate(engine(stories_path, False), params)
     assert results["b"][1] == "error" and len(results["d"][0]) == 6
@@ -239,7 +247,8 @@ def test_a_continuation_resumes_the_constraint_after_the_tokens_already_sent(sto
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["b"].finish_reason == "error" and "num_resumed_tokens" in done["b"].error
     with pytest.raises(SamplingParamsError) as err:
-        eng.add_request(EngineRequest("c", PROMPTS["d"], SamplingParams(structured_outputs=replace(so, num_resumed_tokens=4))))
+        eng.add_request(EngineRequest("c", PROMPTS["d"],
+                                      SamplingParams(structured_outputs=replace(so, num_resumed_tokens=4))))
     assert err.value.param == "x.num_resumed_tokens"
 
 
@@ -270,14 +279,16 @@ def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(storie
 
     eng = engine(stories_path, False, structured_outputs=StructuredOutputsConfig(compile_processes=1,
                                                                                  compile_timeout_s=0.2))
-    eng.add_request(EngineRequest("stuck", PROMPTS["a"], SamplingParams(max_tokens=8, structured_outputs=slow_choice(1))))
+    eng.add_request(EngineRequest("stuck", PROMPTS["a"],
+                                  SamplingParams(max_tokens=8, structured_outputs=slow_choice(1))))
     done = {}
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["stuck"].finish_reason == "error" and "guided_choice" in done["stuck"].error
     assert "did not compile within 0.2 s" in done["stuck"].error
     eng.add_request(EngineRequest("next", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8,
-                                                         structured_outputs=StructuredOutputsParams(choice=("yes", "no")))))
+                                                         structured_outputs=StructuredOutputsParams(choice=("yes",
+                                                                                                            "no")))))
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["next"].finish_reason == "stop"

@@ -19,7 +19,8 @@ END = " play"
 def test_the_constraint_applies_after_the_reasoning_and_not_before(stories_path):
     free = {rid: SamplingParams(temperature=0.0, max_tokens=40) for rid in "acd"}
     waiting = {rid: SamplingParams(temperature=0.0, max_tokens=40,
-                                   structured_outputs=StructuredOutputsParams(choice=("yes", "no"), reasoning_end=END)) for rid in "acd"}
+                                   structured_outputs=StructuredOutputsParams(choice=("yes", "no"),
+                                                                              reasoning_end=END)) for rid in "acd"}
     free_sync, _, _ = both(stories_path, free)
     sync, async_, _ = both(stories_path, waiting)
     assert sync == async_
@@ -31,7 +32,9 @@ def test_the_constraint_applies_after_the_reasoning_and_not_before(stories_path)
 
 
 def test_an_answer_that_never_ends_its_reasoning_is_never_constrained(stories_path):
-    sync, async_, _ = both(stories_path, {"b": SamplingParams(temperature=0.0, max_tokens=30, structured_outputs=StructuredOutputsParams(
+    sync, async_, _ = both(stories_path,
+                           {"b": SamplingParams(temperature=0.0, max_tokens=30,
+                                                structured_outputs=StructuredOutputsParams(
         regex="[0-9]+", reasoning_end=END))})
     free, _, _ = both(stories_path, {"b": SamplingParams(temperature=0.0, max_tokens=30)})
     assert sync == async_ == free
@@ -40,5 +43,6 @@ def test_an_answer_that_never_ends_its_reasoning_is_never_constrained(stories_pa
 
 def test_a_constraint_without_reasoning_end_applies_from_the_first_token(stories_path):
     sync, _, _ = both(stories_path, {"a": SamplingParams(temperature=0.0, max_tokens=40,
-                                                         structured_outputs=StructuredOutputsParams(choice=("yes", "no")))})
+                                                         structured_outputs=StructuredOutputsParams(choice=("yes",
+                                                                                                            "no")))})
     assert sync["a"][2] in ("yes", "no")

@@ -50,7 +50,8 @@ def held(step: tuple) -> tuple[set, set, set, set]:
     banned, bias, allowed = step
     pairs = lambda rows, ids: set(zip(rows.tolist(), ids.tolist(), strict=True))  # noqa: E731
     return (set() if banned is None else pairs(*banned),
-            set() if bias is None else {(r, t, round(b, 5)) for r, t, b in zip(*(x.tolist() for x in bias), strict=True)},
+            set() if bias is None else {(r, t, round(b, 5)) for r, t, b in zip(*(x.tolist() for x in bias),
+                                                                               strict=True)},
             set() if allowed is None else set(allowed[0].tolist()),
             set() if allowed is None else pairs(*allowed[1:]))
 

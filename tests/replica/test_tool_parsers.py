@@ -122,7 +122,8 @@ def splits(text, seed):
 
 
 @pytest.mark.parametrize("parser, text", [(HERMES, QWEN_TWO_CALLS), (LLAMA3, LLAMA_TAGGED), (LLAMA3, LLAMA_TWO),
-                                          (RequiredToolCalls(), '[{"name": "f", "parameters": {"a": [1, {"b": "]"}]}}]'),
+                                          (RequiredToolCalls(),
+                                           '[{"name": "f", "parameters": {"a": [1, {"b": "]"}]}}]'),
                                           (NamedToolCall("f"), '{"a": "x\\"y", "n": 12}'),
                                           (NamedToolCall("f"), json.dumps({"path": "C:\\", "q": '\\"}'}))])
 def test_streamed_deltas_split_anywhere_join_to_the_whole_answer(parser, text):
@@ -161,7 +162,8 @@ def test_the_server_flags_name_a_known_parser_and_auto_needs_one():
         FrontendConfig(tool_call_parser="mistral-ish")
     with pytest.raises(ValueError, match="tool_call_parser"):
         FrontendConfig(enable_auto_tool_choice=True)
-    assert FrontendConfig(enable_auto_tool_choice=True, tool_call_parser="llama3_json").tool_call_parser == "llama3_json"
+    assert FrontendConfig(enable_auto_tool_choice=True,
+                          tool_call_parser="llama3_json").tool_call_parser == "llama3_json"
 
 
 

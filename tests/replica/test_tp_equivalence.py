@@ -1,4 +1,5 @@
-"""Tensor parallelism on CPU (gloo, one Ray worker per rank): TP=2 gives TP=1's greedy tokens; a dead rank fails fast."""
+"""Tensor parallelism on CPU (gloo, one Ray worker per rank): TP=2 gives TP=1's greedy tokens; a dead rank fails
+fast."""
 
 from __future__ import annotations
 

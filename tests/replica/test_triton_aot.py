@@ -19,7 +19,8 @@ import pytest
 
 from .triton_aot import missing_tools
 
-pytestmark = [pytest.mark.skipif(missing_tools() is not None, reason=f"cannot compile for sm_90 here: {missing_tools()}"),
+pytestmark = [pytest.mark.skipif(missing_tools() is not None,
+                                 reason=f"cannot compile for sm_90 here: {missing_tools()}"),
               pytest.mark.slow]  # compiles the kernels in child processes
 
 SCRIPT = Path(__file__).with_name("triton_aot.py")
@@ -107,7 +108,8 @@ def test_split_kv_fills_the_h100_where_the_step_alone_would_not(report):
     # a 16-token suffix over 2k: 2 query blocks x 4 KV heads, split 16 ways (128 keys or more per part)
     assert attention["16-token suffix over 2k cached"]["grid"][2] == 16
     assert attention["prefill 512-token chunk"]["grid"][2] == 1
-    assert {case for case, r in attention.items() if r["grid"][2] > 1} == {"decode B=1", "16-token suffix over 2k cached",
+    assert {case for case, r in attention.items() if r["grid"][2] > 1} == {"decode B=1",
+                                                                           "16-token suffix over 2k cached",
                                                                           "FP8 decode B=1"}
 
 

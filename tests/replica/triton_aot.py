@@ -12,7 +12,8 @@ memory, the occupancy an H100 SM gives it and what limits it, and the MMA instru
 (hidden 2048, 32 query heads, 4 KV heads, head dim 64, block 16, bf16) at decode batch 1/64/256, a
 512-token prefill chunk, a 16-token suffix over a 2,048-token cached prefix and the fused layers at
 1/256/512 tokens, and an FP8 KV cache (E4M3 at decode batch 1/64 and the prefill chunk, E5M2 at batch 64: the
-``cvt`` instructions that pack and unpack FP8 listed per kernel); then odd shapes on an A100 (fp16 with 3 query heads per KV head and head dim 24,
+``cvt`` instructions that pack and unpack FP8 listed per kernel); then odd shapes on an A100 (fp16 with 3 query heads
+per KV head and head dim 24,
 fp32). tests/replica/test_triton_aot.py checks the rows; BENCHMARKS.md has the table.
 """
 
@@ -219,7 +220,8 @@ def rows(dump: str | None = None) -> list[dict]:
             out.append(dict(case=label, kernel=name, target=f"sm_{capability}", grid=list(grid), warps=md.num_warps,
                             stages=md.num_stages, **used, shared=md.shared,
                             occupancy=round(occupancy, 3), limiter=limiter,
-                            mma=sorted(set(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", kernel.asm["ptx"]))),
+                            mma=sorted(set(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)",
+                                                      kernel.asm["ptx"]))),
                             fp8_cvt=sorted(set(re.findall(r"\bcvt[\w.]*e[45]m[23]x2[\w.]*", kernel.asm["ptx"])))))
             if dump:
                 os.makedirs(dump, exist_ok=True)

@@ -9,8 +9,9 @@ import threading
 import pytest
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.responses_api.migrations import VERSION
+from kvmesh.replica.openai.responses_api.open_store import open_store
 from kvmesh.replica.openai.responses_api.sqlite_store import SQLiteResponseStore
-from kvmesh.replica.openai.responses_api.store import StoreUnavailable, open_store
+from kvmesh.replica.openai.responses_api.store import StoreUnavailable
 from kvmesh.replica.openai.responses_api.store_config import STATE_DIR_ENV, ResponsesStoreConfig
 
 

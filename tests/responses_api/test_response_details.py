@@ -60,8 +60,9 @@ def test_a_streamed_answer_cut_at_max_output_tokens_leaves_its_last_item_incompl
 
 
 def test_a_stream_ending_with_its_own_error_fails_with_that_client_error():
+    failed = {"choices": [{"index": 0, "delta": {}, "finish_reason": "error", "error": CLIENT_ERROR}]}
     got, service = run({"input": "x", "stream": True}, Answer(stream=chat_stream([
-        chunk({"content": ""}), f"data: {json.dumps({'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'error', 'error': CLIENT_ERROR}]})}\n\n".encode()])))
+        chunk({"content": ""}), f"data: {json.dumps(failed)}\n\n".encode()])))
     events = events_of(got.body)
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     error, failed = events[-2], events[-1]["response"]

@@ -151,7 +151,8 @@ def test_the_shapes_validate_as_openais_own_types():
 
 
 def test_a_stream_that_breaks_fails_the_response_with_events_not_a_traceback():
-    got, _ = run({"input": "x", "stream": True}, Answer(stream=chat_stream([chunk({"content": "a"}), b"data: {nope\n\n"])))
+    got, _ = run({"input": "x", "stream": True},
+                 Answer(stream=chat_stream([chunk({"content": "a"}), b"data: {nope\n\n"])))
     events = events_of(got.body)
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     assert events[-1]["response"]["error"]["code"] == "server_error"

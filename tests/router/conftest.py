@@ -21,7 +21,8 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 class FakeProc:
-    """A fake replica process (kvmesh.cluster.measure.benchmarks.support.fake_replica) that can be killed and restarted on the same ports."""
+    """A fake replica process (kvmesh.cluster.measure.benchmarks.support.fake_replica) that can be killed and restarted
+    on the same ports."""
 
     def __init__(self, name: str, model: str = "stub"):
         self.name = name

@@ -1,5 +1,6 @@
 """A TCP proxy in front of a replica that "dies" mid-stream: once the responses through it have carried
-``after_events`` SSE events, it passes on what came before the last one, resets every connection and stops listening (connections are refused
+``after_events`` SSE events, it passes on what came before the last one, resets every connection and stops listening
+(connections are refused
 from then on), as a killed replica process does. Proxies sharing one ``Fuse`` die at most once in all,
 so whichever replica a test's stream lands on first is the one that dies. With ``stall=True`` the fuse's
 connection stalls instead: what came before the event passes on, then nothing more, the connection left

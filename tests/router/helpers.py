@@ -41,8 +41,10 @@ def removed(token_ids, block_size, blocks, salt="", medium="GPU"):
 
 @contextlib.contextmanager
 def stub_replica(delay_ms: int):
-    """An instant stub replica (cluster/measure/benchmarks/support/fake_replica.py) answering after ``delay_ms``: its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--port", "0",
+    """An instant stub replica (cluster/measure/benchmarks/support/fake_replica.py) answering after ``delay_ms``: its
+    URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--port",
+                             "0",
                              "--delay-ms", str(delay_ms)], stdout=subprocess.PIPE, text=True)
     try:
         yield f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}"

@@ -150,19 +150,29 @@ def test_without_a_prediction_the_gate_follows_room():
 def test_slots_are_learned_when_a_replica_reports_waiting_requests_and_relearned_after_their_ttl():
     slots = SlotCapacity(ttl_s=30.0)
     learned = {"r": LearnedSlots(), "s": LearnedSlots()}  # what each replica's keeper holds
-    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=3, num_waiting=0), now=0.0)  # no sign it queues
-    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, num_running=4, num_waiting=2), now=1.0)  # 4 slots, used
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=3, num_waiting=0),
+                          now=0.0)  # no sign it queues
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, num_running=4, num_waiting=2),
+                              now=1.0)  # 4 slots, used
     assert (learned["r"].slots, learned["r"].seen_at) == (4, 1.0)
     assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=4, num_waiting=0), now=2.0)
-    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=5, num_running=5, num_waiting=0), now=2.0)  # a finishing one
-    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=0, num_running=9, num_waiting=9), now=2.0)  # nothing of ours: go
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=5, num_running=5, num_waiting=0),
+                              now=2.0)  # a finishing one
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=0, num_running=9, num_waiting=9),
+                          now=2.0)  # nothing of ours: go
     assert (learned["r"].slots, learned["r"].seen_at) == (9, 2.0)  # what it runs with a queue is its slots now
-    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=4, num_running=4, num_waiting=2), now=1.0)  # s: 4 slots
-    assert slots.has_room(ReplicaRoom(learned["s"], in_flight=4, num_running=4, num_waiting=0), now=40.0)  # stale: probe a 5th
-    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=5, num_running=4, num_waiting=0), now=40.0)  # one at a time
-    assert slots.has_room(ReplicaRoom(learned["s"], in_flight=6, num_running=6, num_waiting=0), now=41.0)  # it ran 6: a 7th
-    assert (learned["s"].slots, learned["s"].seen_at) == (6, 1.0)  # risen, still stale: probed on until the replica shows a queue
-    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=6, num_running=5, num_waiting=1), now=42.0)  # 5: fresh
+    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=4, num_running=4, num_waiting=2),
+                              now=1.0)  # s: 4 slots
+    assert slots.has_room(ReplicaRoom(learned["s"], in_flight=4, num_running=4, num_waiting=0),
+                          now=40.0)  # stale: probe a 5th
+    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=5, num_running=4, num_waiting=0),
+                              now=40.0)  # one at a time
+    assert slots.has_room(ReplicaRoom(learned["s"], in_flight=6, num_running=6, num_waiting=0),
+                          now=41.0)  # it ran 6: a 7th
+    # risen, still stale: probed on until the replica shows a queue
+    assert (learned["s"].slots, learned["s"].seen_at) == (6, 1.0)
+    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=6, num_running=5, num_waiting=1),
+                              now=42.0)  # 5: fresh
     assert (learned["s"].slots, learned["s"].seen_at) == (5, 42.0)
 
 
@@ -171,9 +181,12 @@ def test_a_replica_that_says_its_max_num_seqs_gets_no_more_at_once():
     said = dict(num_running=3, num_waiting=0, max_num_seqs=4)
     learned = {"r": LearnedSlots()}
     assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, **said), now=0.0)
-    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, **said), now=0.0)  # a stale report shows no queue: held
-    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=3, num_waiting=1, max_num_seqs=4), now=1.0)
-    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, **said), now=40.0)  # its KV ran 3: learned, then probed to 4
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, **said),
+                              now=0.0)  # a stale report shows no queue: held
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=3, num_waiting=1, max_num_seqs=4),
+                              now=1.0)
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, **said),
+                          now=40.0)  # its KV ran 3: learned, then probed to 4
     assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, **said), now=40.0)  # never past what it says
 
 

@@ -113,7 +113,8 @@ def test_a_replica_cannot_make_the_router_hold_more_than_max_source_blocks():
     async def scenario():
         await runtime.start()
         try:
-            assert await wait_for(lambda: "r" in runtime.subscriber.stats and runtime.subscriber.stats["r"].snapshots == 1)
+            stats = runtime.subscriber.stats
+            assert await wait_for(lambda: "r" in stats and stats["r"].snapshots == 1)
             assert await wait_for(lambda: pub.subscribers >= 1)
             for i in range(8):
                 pub.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])

@@ -21,7 +21,8 @@ INFO = {"events_endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127
     ("tcp://10.0.0.9:5557", "tcp://10.0.0.9:5557"),  # a routable address is the replica's own word
 ])
 def test_a_loopback_or_wildcard_endpoint_is_reached_at_the_urls_host(advertised, reached):
-    spec = advertised_spec(ReplicaSpec("http://10.0.0.7:8100"), {"events_endpoint": advertised, "replay_endpoint": None})
+    spec = advertised_spec(ReplicaSpec("http://10.0.0.7:8100"),
+                           {"events_endpoint": advertised, "replay_endpoint": None})
     assert spec is not None and spec.events == reached and spec.replay is None
     assert spec.url == "http://10.0.0.7:8100" and spec.replica_id == "http://10.0.0.7:8100"
 

@@ -1,7 +1,8 @@
 """A conversation's next turn on its KV, live: the default policy with turnover priced as far as a replica evicts
 (``turnover_while_filling=false``: an option until every published figure is re-run with it) before two idle
 stories260K replicas (events and replay given, as the guides start them), a three-turn conversation with 2 s between
-turns, through ``/v1/chat/completions`` and through ``/v1/responses`` continued by ``previous_response_id``. Turns 2 and 3 go to the
+turns, through ``/v1/chat/completions`` and through ``/v1/responses`` continued by ``previous_response_id``. Turns 2 and
+3 go to the
 replica holding the conversation and report its earlier turns cached: nothing is being evicted, so the holder's
 uncached tokens cost what another replica's do, and its empty queue costs nothing.
 """
@@ -49,7 +50,8 @@ def fleet(stories_path, tokenizer):
                                                  frontend=FrontendConfig(chat_template=CHAT_TEMPLATE)))
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                              replica_id=f"r{i}") for i, rt in enumerate(runtimes)]
-        router = RouterServer(RouterConfig(port=0, block_size=BLOCK_SIZE, admin_key=ADMIN_KEY, served_model_name="stories",
+        router = RouterServer(RouterConfig(port=0, block_size=BLOCK_SIZE, admin_key=ADMIN_KEY,
+                                           served_model_name="stories",
                                            upstream=UpstreamConfig(poll_interval_s=0.2),
                                            policy_kwargs={"turnover_while_filling": False},
                                            cache_salt_secret=cache_salt_secret(seed)), specs,

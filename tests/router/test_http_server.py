@@ -186,7 +186,8 @@ def test_a_refused_replica_is_skipped_and_the_request_goes_to_another(fakes, tok
     retried = lambda: runtime.metrics.registry.get_sample_value("kvmesh_router_retries_total",  # noqa: E731
                                                                 {"replica": "dead"}) or 0
     for i in range(30):
-        runtime.router.set_healthy(runtime.router.replicas.get("dead"), True)  # as if the replica died after its last probe
+        runtime.router.set_healthy(runtime.router.replicas.get("dead"),
+                                   True)  # as if the replica died after its last probe
         r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(100 + i), "max_tokens": 2})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "a"
         if retried():

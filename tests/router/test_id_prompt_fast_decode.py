@@ -119,7 +119,8 @@ def read_both_ways(reader, monkeypatch, bodies: list[bytes]) -> tuple[list[tuple
     b'{"extra": {"prompt": [1]}, "prompt": "text"}', b'{"extra": {"prompt": "t"}, "prompt": [5, 6]}',
     b'{"user": "\\"prompt\\": [1", "prompt": "text"}', b'{"pr\\u006fmpt": [1], "prompt": "text"}',
     b'{"prompt": [1], "pr\\u006fmpt": "text"}', b'{"prompt": [1, 18446744073709551616]}', b'{"prompt": [1, -1]}',
-    b'{"prompt": [0, -0], "max_tokens": 2}', b'{"prompt": [1, 1e2]}', b'{"prompt": [1, true]}', b'{"prompt": [[1], [2]]}',
+    b'{"prompt": [0, -0], "max_tokens": 2}', b'{"prompt": [1, 1e2]}', b'{"prompt": [1, true]}',
+    b'{"prompt": [[1], [2]]}',
     b'{"prompt": [1, 512]}', b'{"prompt": [1], "x": "\\udc00"}', b'{"prompt": [1], "x": NaN}', b'{"prompt": [1]} []',
     b'[{"prompt": [1]}]', b'{"prompt": [1], "echo": true, "max_tokens": 0}', b'{"prompt": [1], "priority": 5}',
 ])

@@ -156,7 +156,8 @@ def test_the_move_is_priced_at_the_decode_replicas_pull_rate():
     price = price_split(decode, prefill, 517, 517, 32, BS, KVPlacementRules(peer_pull_overhead_s=0.01))
     assert price.split_s == pytest.approx(517 / 20_000 + 32 * (1 << 20) / 1e8 + 0.01)
     assert price.local_s == pytest.approx(517 / 10_000)  # the split costs 0.32 s more, and d is idle
-    assert not price.worth_it(KVPlacementRules(pd_ttft_slack_s=0.25)) and price.worth_it(KVPlacementRules(pd_ttft_slack_s=0.5))
+    assert not price.worth_it(KVPlacementRules(pd_ttft_slack_s=0.25))
+    assert price.worth_it(KVPlacementRules(pd_ttft_slack_s=0.5))
     assert price_split(ReplicaLoad(prefill_tokens_per_s=10_000.0), prefill, 517, 517, 32, BS, KVPlacementRules(
         peer_pull_assumed_bytes_per_s=0)) is None  # no bytes per token reported: the move cannot be priced
 

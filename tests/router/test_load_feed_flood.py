@@ -78,7 +78,8 @@ def test_a_flood_costs_the_loop_little_and_the_honest_replicas_are_followed_as_b
         budget = SubscriberConfig().load_updates_per_s * (FLOOD_S + 1) + SubscriberConfig().load_update_burst
         read = sum(fleet.loads.counters()["r2"].values())
         p99, quiet_p99 = (sorted(x)[int(0.99 * len(x))] for x in (lateness, quiet))
-        print(f"flood: {sent[0] / FLOOD_S:,.0f} frames/s sent, {read} read, {applied.get('r2', 0)} applied on the loop; probe "
+        print(f"flood: {sent[0] / FLOOD_S:,.0f} frames/s sent, {read} read, {applied.get('r2', 0)} applied on the "
+              f"loop; probe "
               f"lateness p99 {p99 * 1e3:.2f} ms (quiet {quiet_p99 * 1e3:.2f} ms), "
               f"max {max(lateness) * 1e3:.2f} ms; r0 applied within {max(lags) * 1e3:.1f} ms")
         assert sent[0] / FLOOD_S > 5 * SubscriberConfig().load_updates_per_s  # it was a flood

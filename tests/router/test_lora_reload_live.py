@@ -114,7 +114,8 @@ def test_after_a_reload_from_other_weights_every_replica_answers_as_the_new_weig
     assert away.headers["x-kvmesh-replica"] != holder and HEADER_PULLED_FROM not in away.headers
     assert away.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     settle(router, away.headers["x-kvmesh-replica"], "x")
-    back = complete(router, "x")  # on the old holder: the new weights' blocks pulled from its peer, not its own old ones
+    back = complete(router,
+                    "x")  # on the old holder: the new weights' blocks pulled from its peer, not its own old ones
     assert back.headers["x-kvmesh-replica"] == holder
     assert back.headers[HEADER_PULLED_FROM] == away.headers["x-kvmesh-replica"]
     assert int(back.headers[HEADER_PULLED_TOKENS]) >= 192

@@ -189,7 +189,8 @@ def test_a_chat_stream_begun_on_the_continuation_starts_with_its_echo():
 
 def test_a_continuation_resumes_the_structured_output_after_the_tokens_sent():
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
-    req = completion(max_tokens=10, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    req = completion(max_tokens=10,
+                     response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     s = MigratingStream(req, chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
     s.relay(chunk("{", [7, 8]))
     body = s.continuation()

@@ -78,7 +78,8 @@ def test_an_adapter_learned_from_the_admin_is_loadable_on_its_base_and_forgotten
 def test_load_reports_keep_known_adapter_paths_and_say_when_one_is_unknown():
     catalog = two_models()
     assert catalog.set_adapters(catalog.replicas.get("a2"), ["tiny"]) is False
-    assert catalog.set_adapters(catalog.replicas.get("a1"), ["tiny", "other"]) is True  # "other": its path is in the replica's /v1/models
+    assert catalog.set_adapters(catalog.replicas.get("a1"),
+                                ["tiny", "other"]) is True  # "other": its path is in the replica's /v1/models
     assert catalog.served["a1"].adapters == {"tiny": "/adapters/tiny", "other": None}
     assert catalog.pool("other").replicas == {"a1"}  # no path: only its holder serves it
 
@@ -121,7 +122,8 @@ def test_a_model_path_answers_to_its_given_absolute_and_resolved_forms(tmp_path,
     aliases = model_aliases("tiny", os.path.abspath("tiny"))
     assert aliases[0] == "tiny" and str(real) in aliases
     through_link = str(tmp_path / "shared" / "models" / "tiny")
-    for name in ("tiny", "./tiny", str(real), through_link, str(tmp_path / "shared" / "models" / ".." / "models" / "tiny")):
+    for name in ("tiny", "./tiny", str(real), through_link,
+                 str(tmp_path / "shared" / "models" / ".." / "models" / "tiny")):
         check_model(name, "tiny", aliases)  # no 404
         assert find_model(name, aliases) is not None
     with pytest.raises(ProtocolError) as e:

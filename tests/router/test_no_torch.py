@@ -56,6 +56,7 @@ def test_router_imports_nothing_from_replica_but_the_serving_core_and_openai_lay
 
 def test_openai_layer_imports_only_torch_free_replica_modules():
     allowed = ALLOWED_FROM_REPLICA
-    for path in [*Path(kvmesh.replica.openai.__path__[0]).rglob("*.py"), *Path(kvmesh.replica.serving.__path__[0]).rglob("*.py")]:
+    for path in [*Path(kvmesh.replica.openai.__path__[0]).rglob("*.py"),
+                 *Path(kvmesh.replica.serving.__path__[0]).rglob("*.py")]:
         bad = [n for n in _imports(path) if n.startswith("kvmesh.") and not n.startswith(allowed)]
         assert not bad, f"{path.name} imports {bad}"

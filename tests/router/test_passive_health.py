@@ -2,7 +2,8 @@
 rotation until a probe request is answered; a slow replica that shows progress is waited for, not ejected;
 answers that are not JSON or SSE never reach the client and count against their replica.
 
-Real fake replicas (cluster/measure/benchmarks/support/fake_replica.py, one process each) behind a real router, with deadlines
+Real fake replicas (cluster/measure/benchmarks/support/fake_replica.py, one process each) behind a real router, with
+deadlines
 of a second (``first_byte_timeout_s``, ``stream_idle_timeout_s``) and round-robin routing, so every wave sends
 half its requests to the sick replica unless it is out of rotation.
 """

@@ -83,8 +83,10 @@ def test_a_request_sent_away_from_the_holder_pulls_its_prefix_with_the_same_text
         specs = []
         for name, runtime in (("a", a), ("b", b)):
             ends = runtime.endpoints()
-            specs.append(ReplicaSpec(runtime.http.url, ends["events_endpoint"], ends["replay_endpoint"], replica_id=name))
-        # the 10 ms default per-pull overhead is about what a pull costs here (BENCHMARKS.md, "KV transfer between replicas"); the tiny model's
+            specs.append(ReplicaSpec(runtime.http.url, ends["events_endpoint"], ends["replay_endpoint"],
+                                     replica_id=name))
+        # the 10 ms default per-pull overhead is about what a pull costs here (BENCHMARKS.md, "KV transfer between
+        # replicas"); the tiny model's
         # prefill rate on this machine may be high enough to price 416 tokens under it: 1 ms keeps the test on the pull
         router = RouterServer(RouterConfig(port=0,
                                            upstream=UpstreamConfig(poll_interval_s=0.1, replica_api_key=KEY),
@@ -95,10 +97,12 @@ def test_a_request_sent_away_from_the_holder_pulls_its_prefix_with_the_same_text
             loads = router.runtime.router.loads.loads
             wait_for(lambda: len(router.runtime.router.healthy) == 2 and all(
                 load.kv_transfer_enabled for load in loads.values()), timeout=30, what="replicas healthy, transfer on")
-            first = httpx.post(router.url + "/v1/completions", json=BODY, headers={"x-kvmesh-receipt": "1"}, timeout=120)
+            first = httpx.post(router.url + "/v1/completions", json=BODY, headers={"x-kvmesh-receipt": "1"},
+                               timeout=120)
             assert first.status_code == 200, first.text
             holder = first.headers["x-kvmesh-replica"]
-            wait_for(lambda: router.runtime.router.index.num_blocks(holder) >= 26 and loads[holder].prefill_tokens_per_s,
+            index = router.runtime.router.index
+            wait_for(lambda: index.num_blocks(holder) >= 26 and loads[holder].prefill_tokens_per_s,
                      timeout=30, what="the holder's blocks in the index and its prefill rate in /load")
             second = httpx.post(router.url + "/v1/completions", json=BODY, headers={"x-kvmesh-receipt": "1"},
                                 timeout=120)

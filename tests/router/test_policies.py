@@ -38,7 +38,8 @@ def test_cache_aware_prefers_replica_holding_the_prefix():
 
 
 def test_cache_aware_tokens_leaves_prefix_when_backlog_outweighs_saved_prefill():
-    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=0, backlog_weight=1.0), block_size=BS)
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=0, backlog_weight=1.0),
+                        block_size=BS)
     saved = 40 * BS
     assert policy.choose(KEYS, TierMatches({"r1": 40}),
                          candidates(loads(2, r1={"queued_prefill_tokens": saved - 1}))).id == "r1"
@@ -56,7 +57,8 @@ def test_cache_aware_tokens_trade_off_is_continuous_in_decode_load():
 
 
 def test_cache_aware_tokens_backlog_weight_scales_queued_prefill():
-    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=0, backlog_weight=0.5), block_size=BS)
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=0, backlog_weight=0.5),
+                        block_size=BS)
     saved = 40 * BS
     assert policy.choose(KEYS, TierMatches({"r1": 40}),
                          candidates(loads(2, r1={"queued_prefill_tokens": 2 * saved - 2}))).id == "r1"
@@ -182,10 +184,12 @@ def test_load_tracker_recent_prefill_decays_with_its_time_constant():
     for rid in ("a", "b"):
         tracker.replicas.add(Replica(rid, healthy=True, state=READY))
     tracker.on_dispatch(tracker.replicas.get("a"), 1000, now=0.0)
-    tracker.on_dispatch(tracker.replicas.get("b"), 1000, now=10.0)  # as recent as it gets: a's tokens have decayed by e since
+    tracker.on_dispatch(tracker.replicas.get("b"), 1000,
+                        now=10.0)  # as recent as it gets: a's tokens have decayed by e since
     ratio = tracker.loads["b"].recent_prefill / tracker.loads["a"].recent_prefill
     assert ratio == pytest.approx(math.e)
-    tracker.on_dispatch(tracker.replicas.get("a"), 1000, now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
+    tracker.on_dispatch(tracker.replicas.get("a"), 1000,
+                        now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
     assert tracker.loads["a"].recent_prefill == pytest.approx(1000.0) and tracker.loads["b"].recent_prefill < 1e-50
 
 

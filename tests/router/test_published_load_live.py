@@ -74,7 +74,8 @@ def _complete(url: str, out: list) -> None:
     try:  # streamed: its first bytes come at once, so no deadline of the router's runs out on a busy machine
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as resp:
             text = "".join(resp.iter_text())
-        out.append(resp.status_code if resp.status_code == 200 and "[DONE]" in text else (resp.status_code, text[-300:]))
+        out.append(resp.status_code if resp.status_code == 200 and "[DONE]" in text else (resp.status_code,
+                                                                                          text[-300:]))
     except httpx.HTTPError as e:
         out.append(repr(e))
 

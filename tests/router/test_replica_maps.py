@@ -16,7 +16,8 @@ Scanned statically over router/:
   ``replicas[...]``) outside the set itself: what an edge does once, where an id comes in.
 - router/http reads the router through one ``typing.Protocol`` at most (its parts get the ``DataPlane``).
 
-The ceilings below hold the counts where they are, so they cannot grow back; ``python tests/router/test_replica_maps.py``
+The ceilings below hold the counts where they are, so they cannot grow back; ``python
+tests/router/test_replica_maps.py``
 prints them.
 """
 
@@ -144,7 +145,8 @@ def replica_maps(root: Path = ROOT) -> list[str]:
     found = []
     for path, tree in _sources(root):
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            bodies = [cls.body] + [f.body for f in ast.walk(cls) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+            bodies = [cls.body] + [f.body for f in ast.walk(cls) if isinstance(f,
+                                                                               ast.FunctionDef | ast.AsyncFunctionDef)]
             for body in bodies:
                 for stmt in body:
                     if not isinstance(stmt, ast.Assign | ast.AnnAssign):

@@ -142,7 +142,8 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     (holder,) = holders(live, base_keys)
     other = next(r for r in core.healthy if r != holder)
     sample = lambda name: metrics.registry.get_sample_value(name, {"replica": holder}) or 0  # noqa: E731
-    pred0, rep0 = sample("kvmesh_router_predicted_hit_tokens_total"), sample("kvmesh_router_reported_cached_tokens_total")
+    pred0 = sample("kvmesh_router_predicted_hit_tokens_total")
+    rep0 = sample("kvmesh_router_reported_cached_tokens_total")
     for ending in (" ate dinner.", " slept well.", " read a book."):
         out = post(live, "/v1/completions", {"prompt": base + ending})
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * len(base_keys) - 16

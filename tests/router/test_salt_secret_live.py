@@ -43,7 +43,8 @@ def test_only_the_router_given_the_secret_matches_salted_prompts_and_the_other_s
 
     seed = generate_seed()
     runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=4,
-                                                hash_seed=seed), ReplicaServerConfig(port=0, event_port=0, replay_port=0))
+                                                hash_seed=seed),
+                                                ReplicaServerConfig(port=0, event_port=0, replay_port=0))
     routers: dict[str, RouterServer] = {}
     try:
         ends = runtime.endpoints()

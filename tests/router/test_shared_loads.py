@@ -82,7 +82,8 @@ def test_a_replica_added_after_sharing_or_re_registered_keeps_one_column_for_all
     table = SharedLoadTable(2)
     a, b = _trackers(table, "r0", "r1")
     a.replicas.remove("r0")
-    a.replicas.add(Replica("r2", healthy=True, state=READY))  # a newcomer takes the next free column, not the one r0 left
+    a.replicas.add(Replica("r2", healthy=True,
+                           state=READY))  # a newcomer takes the next free column, not the one r0 left
     a.replicas.add(Replica("r0", healthy=True, state=READY))  # back under its id: its old column
     b.replicas.add(Replica("r2", healthy=True, state=READY))
     a.on_dispatch(a.replicas.get("r0"), 5)
@@ -136,7 +137,8 @@ def test_counts_cross_process_boundaries():
     assert (reader.loads["replica-7"].peer_in_flight, reader.loads["replica-7"].prefill_backlog) == (1, 123)
 
 
-@pytest.mark.parametrize("cores, reserved, expected", [(2, 2, 1), (2, 0, 1), (4, 2, 1), (16, 4, 11), (64, 0, MAX_AUTO_WORKERS)])
+@pytest.mark.parametrize("cores, reserved, expected",
+                         [(2, 2, 1), (2, 0, 1), (4, 2, 1), (16, 4, 11), (64, 0, MAX_AUTO_WORKERS)])
 def test_auto_workers_are_the_cores_left_after_the_replicas(monkeypatch, cores, reserved, expected):
     monkeypatch.setattr("os.sched_getaffinity", lambda _: set(range(cores)), raising=False)
     assert spare_cores(reserved) == min(expected, MAX_AUTO_WORKERS)

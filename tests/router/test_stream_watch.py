@@ -127,7 +127,8 @@ def test_the_replicas_clock_offset_is_taken_out_of_the_lag(router, watch):
 def test_a_replica_that_reports_no_seq_is_watched_for_lag_only(router, watch):
     """vLLM's replicas have no kv_events_seq: nothing to compare, never "stalled"."""
     for t in range(0, 100, 10):
-        watch.on_report(watch.replicas.get("r"), {"num_requests_running": 1}, -1, sent_at=1000.0, received_at=1000.0, now=float(t))
+        watch.on_report(watch.replicas.get("r"), {"num_requests_running": 1}, -1, sent_at=1000.0, received_at=1000.0,
+                        now=float(t))
     assert router.degraded == {}
 
 
@@ -141,7 +142,8 @@ def test_lost_events_degrade_until_a_snapshot_resync(router, watch):
 
 
 def test_lost_events_of_a_source_without_snapshots_are_outlived(router, watch):
-    watch.on_lost(watch.replicas.get("r"), "the lost batches cannot be replayed or snapshotted", has_snapshots=False, now=0.0)
+    watch.on_lost(watch.replicas.get("r"), "the lost batches cannot be replayed or snapshotted", has_snapshots=False,
+                  now=0.0)
     assert "relearned from new events" in router.degraded["r"]
     watch.tick(watch.replicas.get("r"), now=LAG - 1)
     assert "r" in router.degraded

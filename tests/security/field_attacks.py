@@ -111,7 +111,8 @@ SPECIFIC: dict[str, tuple[Hostile, ...]] = {
                    value("an id past the vocabulary", {"99999999": 100.0}), value("a word key", {"abc": 1.0}),
                    lazy("-100 on every token", lambda: {str(i): -100.0 for i in range(512)}),
                    lazy(f"{HUGE_ITEMS:,} ids", lambda: {str(i): 1.0 for i in range(HUGE_ITEMS)})),
-    "stop": (lazy(f"{HUGE_ITEMS:,} stop strings", lambda: [f"s{i}" for i in range(HUGE_ITEMS)]), value("an empty stop", [""])),
+    "stop": (lazy(f"{HUGE_ITEMS:,} stop strings", lambda: [f"s{i}" for i in range(HUGE_ITEMS)]),
+             value("an empty stop", [""])),
     "stop_token_ids": (value("2**31", [2**31]), value("a negative id", [-1]),
                        lazy(f"{HUGE_ITEMS:,} ids", lambda: list(range(HUGE_ITEMS)))),
     "allowed_token_ids": (value("none allowed", []), value("a token past the vocabulary", [10**6]),
@@ -123,7 +124,8 @@ SPECIFIC: dict[str, tuple[Hostile, ...]] = {
     "guided_grammar": GRAMMARS,
     "guided_choice": CHOICES,
     "guided_json": SCHEMAS + (value("a string that is not JSON", "{not json"),),
-    "structured_outputs": (*(_structured("json", s) for s in SCHEMAS[:4]), *(_structured("regex", r) for r in REGEXES[:2]),
+    "structured_outputs": (*(_structured("json", s) for s in SCHEMAS[:4]),
+                           *(_structured("regex", r) for r in REGEXES[:2]),
                            *(_structured("grammar", g) for g in GRAMMARS[:2]), _structured("choice", CHOICES[0]),
                            _structured("grammar", GRAMMARS[4]), value("num_resumed_tokens 10**9", {
                                "regex": "[a-z]+", "num_resumed_tokens": 10**9}),
@@ -132,8 +134,8 @@ SPECIFIC: dict[str, tuple[Hostile, ...]] = {
     "response_format": tuple(_response_format(s) for s in SCHEMAS[:5]) + (value("an unknown type", {"type": "xml"}),),
     "tools": (*(_tools(s) for s in SCHEMAS[:5]), lazy(f"{WORDS:,} tools", lambda: [
                   {"type": "function", "function": {"name": w, "parameters": {"type": "object"}}} for w in _words()]),
-              lazy("a huge description", lambda: [{"type": "function", "function": {"name": "f",
-                                                                                     "description": "d" * 1_100_000}}])),
+              lazy("a huge description", lambda: [
+                  {"type": "function", "function": {"name": "f", "description": "d" * 1_100_000}}])),
     "tool_choice": (value("required over 1,000 tools", "required", tools=[
                         {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
                         for i in range(1000)]),

@@ -3,9 +3,11 @@
     python tests/security/head_flood.py PORT CONNECTIONS SECONDS HEADER_BYTES
 
 ``CONNECTIONS`` threads each open a connection, send a request head whose one header is ``HEADER_BYTES`` long
-(streamed, never buffered whole), read what the server answers while sending, and open the next connection ``PAUSE_S`` later, until
+(streamed, never buffered whole), read what the server answers while sending, and open the next connection ``PAUSE_S``
+later, until
 ``SECONDS`` passed or a SIGTERM
-came (the last ones run to their answer). Prints one JSON line: every connection's (status or 0, bytes sent, seconds to the answer).
+came (the last ones run to their answer). Prints one JSON line: every connection's (status or 0, bytes sent, seconds to
+the answer).
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ TYPE_VALUES_ONLY = _REFUSED | {
     "kv_transfer_params.do_remote_prefill", "kv_transfer_params.remote_block_ids",
     "kv_transfer_params.remote_block_media", "kv_transfer_params.remote_lease_id",
     "kv_transfer_params.remote_engine_id", "kv_transfer_params.num_tokens", "messages.name", "messages.tool_call_id",
-    "max_completion_tokens", "prompt_token_ids", "include_reasoning", "messages.reasoning", "messages.reasoning_content",
+    "max_completion_tokens", "prompt_token_ids", "include_reasoning", "messages.reasoning",
+    "messages.reasoning_content",
     "instructions", "store", "prompt_cache_key", "safety_identifier",
 }
 """Fields whose type's values are all they get (the refused fields answer 400 to any value but their default)."""

@@ -70,7 +70,8 @@ BY_KIND: dict[str, tuple[Hostile, ...]] = {
             raw("1.5", "1.5"), raw('"1"', '"1"'), *NUMBERS),
     "float": (raw("1e-320", "1e-320"), raw("1e-30", "1e-30"), raw("1e308", "1e308"), raw("-0.0", "-0.0"),
               raw('"nan"', '"nan"'), *NUMBERS),
-    "str": (lazy("a huge string", lambda: "a" * HUGE_CHARS), value("combining marks", "e\u0301" * 10_000), raw('""', '""'),
+    "str": (lazy("a huge string", lambda: "a" * HUGE_CHARS), value("combining marks", "e\u0301" * 10_000),
+            raw('""', '""'),
             raw("a lone surrogate", '"\\ud800 \\udfff"'), value("NUL and controls", "\x00\x1b[2J\r\n"),
             value("bidi and BOM", "\ufeff\u202etxt.exe\u202c\U0001F600"),
             value("a template", "{{ 7*7 }}{% for x in range(10**9) %}x{% endfor %}%s%n{0}")),
@@ -79,7 +80,8 @@ BY_KIND: dict[str, tuple[Hostile, ...]] = {
                raw("a lone-surrogate key", '{"\\ud800": 1}')),
     "literal": (raw('"LEFT"', '"LEFT"'), lazy("a huge string", lambda: "a" * HUGE_CHARS)),
     "any": (raw("NaN", "NaN"), raw(f"{DIGITS:,} digits", "9" * DIGITS), lazy("a huge string", lambda: "a" * HUGE_CHARS),
-            lazy("a huge object", lambda: {f"k{i}": i for i in range(HUGE_ITEMS)}), raw("a lone surrogate", '"\\ud800"'),
+            lazy("a huge object", lambda: {f"k{i}": i for i in range(HUGE_ITEMS)}),
+            raw("a lone surrogate", '"\\ud800"'),
             raw("true", "true"), raw('"x"', '"x"'), raw("-1", "-1")),
 }
 """The huge and pathological values of each kind a field takes (``any``: a field that takes any JSON value)."""

@@ -87,7 +87,8 @@ def attack(url: str, key: str, out: Path, concurrency: int, timeout_s: float, de
 
 
 def plain(url: str, key: str, concurrency: int, seconds: float) -> None:
-    """The endpoints' plain requests (``request_id`` null: nothing hostile), ``concurrency`` at a time for ``seconds``."""
+    """The endpoints' plain requests (``request_id`` null: nothing hostile), ``concurrency`` at a time for
+    ``seconds``."""
     deadline = time.monotonic() + seconds
     plain_cases = [Case(endpoint, "request_id", raw("null", "null")) for endpoint in ENDPOINTS]
 

@@ -79,7 +79,8 @@ def test_a_hundred_of_each_bad_input_leave_every_replica_healthy(router):
                      timeout=10).json()["replicas"]
     assert {row["id"] for row in rows} == {"r0", "r1"}
     for row in rows:
-        assert row["healthy"] and not row.get("ejected") and not row.get("ejections") and not row.get("last_failure"), row
+        assert row["healthy"], row
+        assert not row.get("ejected") and not row.get("ejections") and not row.get("last_failure"), row
     metrics = router.runtime.metrics.registry
     assert not any(metrics.get_sample_value("kvmesh_router_replica_failures_total", {"replica": rid, "kind": kind})
                    for rid in ("r0", "r1") for kind in ("http_5xx", "mid_stream", "reset", "invalid_json")), \

@@ -1,6 +1,7 @@
 """Huge request heads sent to the router and to a replica while a light tenant's requests are timed: one
 connection, then eight at once, each sending a 256 MB header (streamed, connection after connection, for as long as
-the light tenant's requests take; head_flood.py in a process of its own). Every attacking connection gets a 431 once it passed
+the light tenant's requests take; head_flood.py in a process of its own). Every attacking connection gets a 431 once it
+passed
 ``max_header_bytes`` (64 KiB here: the default), having sent little more; the light tenant's p90 stays within 3x
 its unloaded p90; the replica is never marked down or ejected; the process's memory (router and replica run in
 it) grows by less than 100 MB."""

@@ -37,7 +37,8 @@ def test_a_field_added_to_a_model_fails_until_the_suite_lists_it(monkeypatch):
 
 def test_nested_models_fields_are_fields_too():
     names = field_names()
-    assert {"messages.content", "messages.role", "stream_options.include_usage", "kv_transfer_params.remote_url"} <= names
+    assert {"messages.content", "messages.role", "stream_options.include_usage",
+            "kv_transfer_params.remote_url"} <= names
 
 
 def test_a_type_the_suite_does_not_know_fails_naming_it():

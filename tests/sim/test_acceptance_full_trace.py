@@ -1,5 +1,6 @@
 """The whole Mooncake trace at 2x its rate, as a 1/8 miniature (same model
-time, 8x less hashing; BENCHMARKS.md, "Mooncake trace, 16 replicas", has the full-size run): cache_aware keeps >= 92% of the
+time, 8x less hashing; BENCHMARKS.md, "Mooncake trace, 16 replicas", has the full-size run): cache_aware keeps >= 92% of
+the
 single pool's hit rate with the load balanced, and has the lowest TTFT p50 and p99 of the policies side by side.
 
 cache_aware's cost is in seconds, without hand weights (router/routing/cost/): 92.4% of the single pool

@@ -59,7 +59,8 @@ def _run_sim(tmp_path, monkeypatch, *flags):
 
     monkeypatch.setattr(sim_run, "run_policy", recording)
     out = tmp_path / "sim.json"
-    rc = cli.main(["sim", "--limit", "60", "--num-replicas", "2", "--max-prompt-blocks", "16", "--policies", "round_robin,dynamo,sglang",
+    rc = cli.main(["sim", "--limit", "60", "--num-replicas", "2", "--max-prompt-blocks", "16", "--policies",
+                   "round_robin,dynamo,sglang",
                    "--out", str(out), "--no-plot", "--no-progress", "--no-ceilings", *flags])
     assert rc == 0
     return json.loads(out.read_text()), seen

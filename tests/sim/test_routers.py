@@ -95,7 +95,8 @@ def test_sessions_help_one_router_and_need_a_shared_table_under_several():
 def miniature_cfg(config: SimConfig) -> SimConfig:
     from kvmesh.cluster.measure.sim.config import miniature
 
-    full = replace(config, engine=replace(config.engine, block_size=512), blocks_per_replica=None, capacity_fraction=0.5)
+    full = replace(config, engine=replace(config.engine, block_size=512), blocks_per_replica=None,
+                   capacity_fraction=0.5)
     return miniature(full, 16)
 
 

@@ -48,7 +48,8 @@ def test_sim_flags_are_the_documented_fields_of_its_dataclasses():
         assert all(o.doc for o in schema.options), [o.dotted for o in schema.options if not o.doc]
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, SIM_SCHEMA, config_file=False)
-    command = config_from_args(parser.parse_args(["--vocab-size", "300", "--no-ceilings", "--cost", "step_overhead_s=0.01"]),
+    command = config_from_args(parser.parse_args(["--vocab-size", "300", "--no-ceilings", "--cost",
+                                                  "step_overhead_s=0.01"]),
                                SIM_SCHEMA, env={})
     assert (command.sim.vocab_size, command.compare.ceilings, command.compare.cost) == (300, False,
                                                                                         {"step_overhead_s": 0.01})

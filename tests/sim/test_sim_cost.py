@@ -52,7 +52,8 @@ def test_simulated_replicas_report_what_they_measured_and_the_router_prices_with
     router = run.router.router
     loads = router.loads.loads
     assert all(load.decode_step is not None for load in loads.values())  # polled: the measured reports
-    assert report.num_kv_blocks == 201 and {load.num_kv_blocks for load in loads.values()} == {201}  # its null block too
+    # its null block too
+    assert report.num_kv_blocks == 201 and {load.num_kv_blocks for load in loads.values()} == {201}
     # every request got a price from the router's cost code, and the router learned from the TTFTs it saw
     assert all(r.receipt.predicted_ttft_s is not None and r.receipt.predicted_ttft_s > 0 for r in run.requests)
     assert any(load.ttft_sums for load in loads.values())

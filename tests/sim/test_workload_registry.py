@@ -51,7 +51,8 @@ def test_unknown_workload_names_the_registered_ones(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["chatbot", "multi_turn", "rag", "random", "tool_agent"])
 def test_generated_records_are_sorted_sized_and_in_sessions(name):
-    recs = get_workload(name).make(WorkloadSettings(num_requests=60, prompt_tokens=4096, shape=WorkloadShape(turns=3), seed=2))
+    recs = get_workload(name).make(WorkloadSettings(num_requests=60, prompt_tokens=4096, shape=WorkloadShape(turns=3),
+                                                    seed=2))
     assert len(recs) == 60 and [r.timestamp_ms for r in recs] == sorted(r.timestamp_ms for r in recs)
     assert all(0 < r.input_length <= 512 * len(r.hash_ids) for r in recs)
     assert all(r.session_id for r in recs)
@@ -71,10 +72,12 @@ def test_multi_turn_turns_extend_the_previous_turn_and_keep_the_system_prompt():
 
 
 def test_chatbot_and_rag_share_their_system_blocks():
-    chat = get_workload("chatbot").make(WorkloadSettings(num_requests=50, prompt_tokens=2048, shape=WorkloadShape(num_prefixes=3)))
+    chat = get_workload("chatbot").make(WorkloadSettings(num_requests=50, prompt_tokens=2048,
+                                                         shape=WorkloadShape(num_prefixes=3)))
     assert {r.system_blocks for r in chat} == {3} and len({r.hash_ids[:3] for r in chat}) == 3
     assert len({r.hash_ids[3:] for r in chat}) == 50  # unique questions
-    rag = get_workload("rag").make(WorkloadSettings(num_requests=20, prompt_tokens=5120, shape=WorkloadShape(num_documents=2)))
+    rag = get_workload("rag").make(WorkloadSettings(num_requests=20, prompt_tokens=5120,
+                                                    shape=WorkloadShape(num_documents=2)))
     assert len({r.hash_ids[:2] for r in rag}) == 1 and len({r.hash_ids[:-1] for r in rag}) == 2
 
 

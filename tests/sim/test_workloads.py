@@ -60,7 +60,8 @@ def test_bursty_keeps_order_and_mean_rate_and_packs_bursts():
 
 def test_cli_runs_a_generated_workload_with_router_and_session_variants(tmp_path, capsys):
     out = tmp_path / "agent.json"
-    rc = main(["sim", "--workload", "tool_agent", "--num-requests", "120", "--num-replicas", "4", "--blocks-per-replica", "64", "--miniature", "16",
+    rc = main(["sim", "--workload", "tool_agent", "--num-requests", "120", "--num-replicas", "4",
+               "--blocks-per-replica", "64", "--miniature", "16",
                "--routers", "1,2", "--sessions", "both", "--policies", "cache_aware", "--no-plot",
                "--no-progress", "--out", str(out)])
     assert rc == 0

@@ -2,7 +2,8 @@
 replicas (``kvmesh replica --emulate``, one process) and through ``kvmesh sim``; cached prompt share and mean TTFT
 side by side, and the emulator's own lateness (planned step end against actual, p50/p99).
 
-    kvmesh bench emulated_fleet                     # results/emulated_fleet.json: 16 replicas, the first 200 requests, 4x
+    kvmesh bench emulated_fleet                     # results/emulated_fleet.json: 16 replicas, the first 200 requests,
+    4x
     kvmesh bench emulated_fleet --replicas 4 --num-requests 60 --dilation 2 --out /tmp/emulated_fleet.json
 
 Both sides get the same requests: the trace's first records, prompts cut to ``--max-prompt-tokens`` (16 tokens per

@@ -63,7 +63,8 @@ def run_engine(engine, prompts, lengths, tag="r") -> dict:
 
     clock = WallCpuClock()
     for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
-        engine.add_request(EngineRequest(f"{tag}{i}", p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
+        engine.add_request(EngineRequest(f"{tag}{i}", p,
+                                         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
     steps = generated = 0
     while engine.has_unfinished_requests():
         generated += sum(len(o.new_token_ids) for o in engine.step())

@@ -38,7 +38,8 @@ def export(repo: Path, rev: str, root: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m kvmesh.cluster.measure.benchmarks.engine_ab", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m kvmesh.cluster.measure.benchmarks.engine_ab",
+                                description=__doc__.split("\n")[0])
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("--repeats", type=int, default=3)

@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "events", "host": platform.node(), "cpus": os.cpu_count(),
         # Wall-clock rates depend on the CPU share we get; *_events_per_cpu_s do not.
-        "load_avg_1m_at_start": load_at_start, "load_avg_1m_at_end": os.getloadavg()[0], "python": platform.python_version(),
+        "load_avg_1m_at_start": load_at_start, "load_avg_1m_at_end": os.getloadavg()[0],
+        "python": platform.python_version(),
         "throughput_paced": paced, "throughput_unpaced": unpaced, "snapshot": snap,
         "targets": {
             "sustained_events_per_s_no_loss": 200_000,

@@ -1,7 +1,8 @@
 """The FP8 KV cache against the model-dtype cache: the blocks a GiB holds, the text's agreement, the hit rate.
 
     kvmesh bench fp8-kv-cache [--model ../shared/models/stories260K/hf] [--tokens 4096]
-                              [--trace ../shared/traces/mooncake_synthetic_trace.jsonl] [--out results/fp8_kv_cache.json]
+                              [--trace ../shared/traces/mooncake_synthetic_trace.jsonl] [--out
+                              results/fp8_kv_cache.json]
 
 capacity   KV blocks per GiB: a stories260K replica's own sizing of a 64 MiB cache per dtype (scaled to a GiB),
            and the arithmetic of the simulator's 8B Llama-3 (32 layers x 8 KV heads x 128, bf16 vs FP8).
@@ -59,7 +60,8 @@ def capacity(model: str) -> dict:
 
     measured = {}
     for dtype in (*DTYPES, "bfloat16"):  # the last: a model-dtype cache of the model run in bf16
-        runner = (_engine(model, "auto", dtype="bfloat16") if dtype == "bfloat16" else _engine(model, dtype)).model_runner
+        runner = (_engine(model, "auto", dtype="bfloat16") if dtype == "bfloat16" else _engine(model,
+                                                                                               dtype)).model_runner
         measured[dtype] = {"kv_cache_dtype": str(runner.kv_cache.dtype).removeprefix("torch."),
                            "bytes_per_block": runner.kv_layout.bytes_per_block,
                            "blocks_per_gib": runner.num_kv_blocks * GIB // (64 << 20)}
@@ -93,7 +95,8 @@ def teacher_forced(model: str, kv_cache_dtype: str, texts: list[list[int]]) -> l
 
     engine, done = _engine(model, kv_cache_dtype), {}
     for i, text in enumerate(texts):
-        engine.add_request(EngineRequest(str(i), text, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)))
+        engine.add_request(EngineRequest(str(i), text,
+                                         SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.prompt_logprobs is not None:
@@ -150,10 +153,12 @@ def table(result: dict) -> str:
     llama = cap["llama3_8b_blocks_per_gib"]
     lines += ["", f"Over {agree['positions']:,} teacher-forced positions (CPU). Llama-3 8B, 16-token blocks: "
               f"{llama['bfloat16']:,} blocks per GiB in bf16, {llama['fp8']:,} in FP8.", "",
-              "| simulated KV cache (same memory per replica) | blocks per replica | prefix hit rate | TTFT p50 | TTFT p99 |",
+              "| simulated KV cache (same memory per replica) | blocks per replica | prefix hit rate | TTFT p50 | TTFT "
+              "p99 |",
               "|---|---|---|---|---|"]
     for dtype, run in sim.items():
-        lines.append(f"| {'bf16' if dtype == 'auto' else 'fp8'} | {run['blocks_per_replica']:,} | {run['hit_rate']:.1%} "
+        lines.append(f"| {'bf16' if dtype == 'auto' else 'fp8'} | {run['blocks_per_replica']:,} | "
+                     f"{run['hit_rate']:.1%} "
                      f"| {run['ttft_p50_s']:.3f} s | {run['ttft_p99_s']:.3f} s |")
     return "\n".join(lines)
 
@@ -161,7 +166,8 @@ def table(result: dict) -> str:
 def aot_table(result: dict) -> str:
     """BENCHMARKS.md's table of the attention kernels compiled for sm_90 with and without an FP8 cache
     (``python tests/replica/triton_aot.py --out results/triton_aot.json``; ``kvmesh bench report``'s ``fp8_aot``)."""
-    lines = ["| case | kernel | registers | spills | shared B | occupancy | FP8 conversions |", "|---|---|---|---|---|---|---|"]
+    lines = ["| case | kernel | registers | spills | shared B | occupancy | FP8 conversions |",
+             "|---|---|---|---|---|---|---|"]
     twins = ("decode B=1", "decode B=64", "prefill 512-token chunk")
     for row in result["rows"]:
         case_shown = row["case"].startswith("FP8") or row["case"] in twins

@@ -12,7 +12,8 @@ N scattered blocks from it into scattered local blocks, ``--repeat`` times per N
 wall and CPU (this process) seconds per read, median and best, and GB/s on the median; the
 per-request overhead is the median of a one-block read, and the reader's CPU per descriptor
 (one contiguous run: region of a block) is taken from the largest read. Copying as
-many bytes in one run inside one process (``memcpy``) is the baseline: what this machine's memory allows. The last read of each N is checked byte for byte. Both the torch
+many bytes in one run inside one process (``memcpy``) is the baseline: what this machine's memory allows. The last read
+of each N is checked byte for byte. Both the torch
 backend's head-major layout (one run per layer, K/V and head: more, smaller descriptors) and the
 flash/triton layout (one run per layer and K/V) are measured. The holder's CPU is read too: per
 second idle (before the reads) and over the reads, for each progress-thread delay given (rounds
@@ -120,7 +121,8 @@ def bench_layout(kv_layout: str, block_counts: list[int], repeat: int, progress_
                          "wall_best_s": min(wall), "cpu_median_s": statistics.median(cpu),
                          "gb_per_s": nbytes / statistics.median(wall) / 1e9,
                          "descriptors": blocks * layout.num_regions})
-            print(f"delay {progress_delay_us:>5} us {kv_layout} {blocks:>4} {'contiguous' if contiguous else 'scattered '} blocks: "
+            order = "contiguous" if contiguous else "scattered "
+            print(f"delay {progress_delay_us:>5} us {kv_layout} {blocks:>4} {order} blocks: "
                   f"{rows[-1]['wall_median_s'] * 1e3:8.3f} ms median ({rows[-1]['gb_per_s']:.2f} GB/s; "
                   f"memcpy best {rows[-1]['memcpy_best_gb_per_s']:.2f} GB/s), "
                   f"cpu {rows[-1]['cpu_median_s'] * 1e3:.3f} ms", flush=True)
@@ -134,7 +136,8 @@ def bench_layout(kv_layout: str, block_counts: list[int], repeat: int, progress_
         process.join(timeout=60)
     largest = max((r for r in rows if not r["contiguous"]), key=lambda r: r["blocks"])
     return {"kv_layout": kv_layout, "progress_delay_us": progress_delay_us, "holder_idle_cpu_s_per_s": holder_idle,
-            "holder_cpu_s_per_read": holder_read_cpu, "bytes_per_block": layout.bytes_per_block, "regions_per_block": layout.num_regions,
+            "holder_cpu_s_per_read": holder_read_cpu, "bytes_per_block": layout.bytes_per_block,
+            "regions_per_block": layout.num_regions,
             "dtype": spec.dtype, "handshake_s": handshake_s, "reads": rows,
             "per_request_overhead_s": rows[0]["wall_median_s"] if rows[0]["blocks"] == 1 else None,  # scattered 1
             "cpu_us_per_descriptor": largest["cpu_median_s"] / largest["descriptors"] * 1e6}

@@ -8,7 +8,8 @@ of 64, 16-token blocks, float32) decodes ``--seqs`` sequences without pause whil
 (no pull) and two pulls of ``--pull-mib`` MiB (``AsyncLLM.pull_prefix``, the production path: blocks held on
 the engine thread, the read on the agent's transfer worker) from a holder in another process over nixl (UCX,
 host memory): one whose copy yields the CPU to the steps (the worker at nice ``pull_read.WORKER_NICE`` while it
-starts the read), one at the engine's priority; the windows' order rotates each round. Every engine step is timed (wall, and the engine thread's CPU); a step counts as "during the
+starts the read), one at the engine's priority; the windows' order rotates each round. Every engine step is timed (wall,
+and the engine thread's CPU); a step counts as "during the
 pull" when it overlaps the pull, as "quiet" when it lies in a quiet window; a step's time runs from the end of the
 previous one (the engine loop's commands and ``between_steps`` included: a read started on the engine thread
 copies there) to its own end, the gap between two tokens of a decoding request. Also: this process's and the holder's
@@ -102,7 +103,9 @@ async def _trace(serving, agent, peer: str, num_blocks: int, args, holder) -> di
             else:
                 await asyncio.sleep(args.quiet_s)
             w1 = time.perf_counter()
-            windows.append({"kind": kind, "round": r, "start": w0, "end": w1, "failed": kind != "quiet" and pulled != num_blocks * 16, "cpu_s_per_s": (_cpu_s(me) - c0) / (w1 - w0),
+            windows.append({"kind": kind, "round": r, "start": w0, "end": w1,
+                            "failed": kind != "quiet" and pulled != num_blocks * 16,
+                            "cpu_s_per_s": (_cpu_s(me) - c0) / (w1 - w0),
                             "holder_cpu_s_per_s": (_cpu_s(holder) - h0) / (w1 - w0)})
             await asyncio.sleep(0.3)  # settle between windows
     pull_read.WORKER_NICE = default_nice
@@ -155,7 +158,8 @@ def bench_step_trace(args: argparse.Namespace) -> dict:
         conn, process = start_holder(HolderSpec("step-trace-holder", kv_layout=layout.kv_layout,
                                                 num_kv_blocks=num_blocks + 1, num_layers=layout.num_layers,
                                                 block_size=layout.block_size, num_kv_heads=layout.num_kv_heads,
-                                                head_dim=layout.head_dim, dtype=str(layout.dtype).removeprefix("torch.")))
+                                                head_dim=layout.head_dim,
+                                                dtype=str(layout.dtype).removeprefix("torch.")))
         try:
             ready = receive_holder(conn)
             handshake = ready.handshake
@@ -249,11 +253,13 @@ def main(argv: list[str]) -> int:
     for kind in KINDS:
         s = results[kind]
         print(f"{kind:>10}: {s['steps']} steps, wall ms median {s['wall_ms_median']:.1f} mean {s['wall_ms_mean']:.1f} "
-              f"p90 {s['wall_ms_p90']:.1f} max {s['wall_ms_max']:.1f}; engine thread CPU ms {s['engine_thread_cpu_ms_mean']:.1f}; "
+              f"p90 {s['wall_ms_p90']:.1f} max {s['wall_ms_max']:.1f}; engine thread CPU ms "
+              f"{s['engine_thread_cpu_ms_mean']:.1f}; "
               f"process CPU {s['process_cpu_s_per_s']:.2f} s/s, holder {s['holder_cpu_s_per_s']:.2f} s/s; "
               f"window s median {s['window_s_median']:.2f}, failed pulls {s['failed_pulls']}", flush=True)
     for kind, ratio in results["vs_quiet"].items():
-        print(f"step wall during a {kind} / quiet: median x{ratio['median']:.2f}, mean x{ratio['mean']:.2f}", flush=True)
+        print(f"step wall during a {kind} / quiet: median x{ratio['median']:.2f}, mean x{ratio['mean']:.2f}",
+              flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     plot(results, args.out.with_suffix(".png"))

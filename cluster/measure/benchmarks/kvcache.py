@@ -240,7 +240,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench kvcache", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench kvcache",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kvcache.json"), help="JSON output path")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Mooncake JSONL trace")
     parser.add_argument("--pool-blocks", type=int, nargs="+", default=DEFAULT_POOL_BLOCKS,

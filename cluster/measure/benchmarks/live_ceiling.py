@@ -2,7 +2,8 @@
 it from the requests they route (router/routing/ceiling.py); beside it the simulator's own single pool (one real
 ``KVCacheManager`` of the same blocks), and the CPU the estimate's replay takes per request against the routing's.
 
-    kvmesh bench live_ceiling                          # results/live_ceiling.json: mooncake and azure_conv, 16 replicas, 2x
+    kvmesh bench live_ceiling                          # results/live_ceiling.json: mooncake and azure_conv, 16
+    replicas, 2x
     kvmesh bench live_ceiling --workloads mooncake --replicas 8
 """
 
@@ -30,7 +31,8 @@ def measure(workload: str, replicas: int, time_scale: float, policy: str) -> dic
     return {"command": "kvmesh " + " ".join(args), "requests": live["requests"], "total_blocks": report["total_blocks"],
             "live_ceiling_hit_rate": live["ceiling_hit_rate"],
             "sim_single_pool_hit_rate": report["ceilings"]["single_pool_hit_rate"],
-            "live_share_of_ceiling": live["share_of_ceiling"], "sim_hit_rate_vs_single_pool": run["hit_rate_vs_single_pool"],
+            "live_share_of_ceiling": live["share_of_ceiling"],
+            "sim_hit_rate_vs_single_pool": run["hit_rate_vs_single_pool"],
             "miss_tokens": live["miss_tokens"], "replay_us_per_request": live["replay_us_per_request"],
             "route_us_per_request": 1000 * run["route_ms_per_request"]}
 

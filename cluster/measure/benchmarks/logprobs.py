@@ -1,4 +1,5 @@
-"""What logprobs cost the engine on CPU: ``python -m kvmesh.cluster.measure.benchmarks.logprobs`` (results/logprobs.json).
+"""What logprobs cost the engine on CPU: ``python -m kvmesh.cluster.measure.benchmarks.logprobs``
+(results/logprobs.json).
 
     sampler   one sampling step of a [N, vocab] batch with logprobs None / 0 / 5 / 20 (low-noise view)
     decode    a batch of requests generating tokens with logprobs None / 0 / 5 / 20 per token
@@ -28,7 +29,8 @@ SCORING_VARIANTS = {"none": None, "prompt_logprobs=1": 1}
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m kvmesh.cluster.measure.benchmarks.logprobs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m kvmesh.cluster.measure.benchmarks.logprobs",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/logprobs.json")
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=64, help="decode workload's prompt length")

@@ -16,7 +16,8 @@ cached: a fault, never a choice; none may be). Mid-load, ``--runtime-loads`` ada
 with the router's ``POST /v1/load_lora_adapter`` (the admin key serve wrote, what ``kvmesh lora load`` sends) and a
 request for each is sent the moment the call answers: the time from the call to that request's first token is how
 soon an adapter loaded at runtime serves. Each runtime adapter's greedy tokens are checked to differ from the base
-model's (the adapter is applied). Prints the verdict; writes every request and the summary to ``--out`` with a plot beside it.
+model's (the adapter is applied). Prints the verdict; writes every request and the summary to ``--out`` with a plot
+beside it.
 """
 
 from __future__ import annotations

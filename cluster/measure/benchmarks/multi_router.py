@@ -148,7 +148,8 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
 def table(result: dict) -> str:
     """The runs as a Markdown table (``kvmesh bench report``'s ``multi_router`` kind), then the kill's outcome."""
     s, kill = result["setup"], result["kill"]
-    rows = ["| run | requests | answered | failed | moved to another router | hit rate (per trial) | vs one router |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| run | requests | answered | failed | moved to another router | hit rate (per trial) | vs one router |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     for name, what in (("one", "all through router 0"), ("spread", f"spread over {s['routers']}"),
                        ("kill", f"spread, router {s['killed_router']} killed")):
         r = result[name]
@@ -164,7 +165,8 @@ def table(result: dict) -> str:
         f"{s['trace']}, {s['concurrency']} in flight. The killed router answered again {back} after the kill; its "
         f"clients' failed attempts took at most {fast}; {turns['next_turn_found_its_replica']} of "
         f"{turns['conversations']} conversations' next turns, sent to another router, found their replica, and "
-        f"{turns.get('after_restart_found_its_replica', '—')} of their third turns through the restarted router. Requests "
+        f"{turns.get('after_restart_found_its_replica', '—')} of their third turns through the restarted router. "
+        f"Requests "
         f"that failed through the routers not killed: {kill['failed_through_others']}.")
 
 
@@ -212,7 +214,8 @@ def run(args: argparse.Namespace) -> dict:
             ray.shutdown()
         nodes.shutdown()
     results["setup"] = {"nodes": args.nodes, "routers": args.routers, "replicas": args.replicas,
-                        "requests": len(prompts), "trials": args.trials, "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
+                        "requests": len(prompts), "trials": args.trials, "concurrency": args.concurrency,
+                        "max_tokens": MAX_TOKENS,
                         "model": "stories260K", "trace": f"{args.workload} (first records)", "killed_router": KILLED}
     return results
 
@@ -232,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                          "%(default)s)")
     ap.add_argument("--concurrency", type=int, default=6, help="requests in flight (default: %(default)s)")
     ap.add_argument("--model", default=None, help="model directory (default: the shared stories260K)")
-    ap.add_argument("--ready-timeout-s", type=float, default=300.0, help="longest wait for serve (default: %(default)s)")
+    ap.add_argument("--ready-timeout-s", type=float, default=300.0,
+                    help="longest wait for serve (default: %(default)s)")
     ap.add_argument("--out", default="results/multi_router.json")
     args = ap.parse_args(argv)
     if args.nodes < 2 or args.routers < 2 or not 1 <= args.requests <= 5000 or args.concurrency < 1 \

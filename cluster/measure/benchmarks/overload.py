@@ -119,7 +119,8 @@ async def _progress(driver: overload_load.Driver, every_s: float, state: dict) -
 async def drive(args, driver: overload_load.Driver, cluster: Cluster | None, info: dict) -> None:
     """Run the phases; what is measured besides the records goes into ``info`` as it is known."""
     keys = load_tenant_keys(args.tenant_key, args.keys_file)
-    light, flood, high = (overload_load.LoadTenant(u, keys.get(u)) for u in (args.light_user, args.flood_user, args.high_user))
+    light, flood, high = (overload_load.LoadTenant(u, keys.get(u)) for u in (args.light_user, args.flood_user,
+                                                                             args.high_user))
     prio = None if args.priority_in == "none" else args.priority_in
     hi_p, lo_p = (args.high_priority, args.low_priority) if prio else (None, None)
     state = {"phase": "warmup"}
@@ -200,7 +201,8 @@ def _levels(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def result_doc(args, argv: list[str], shape: ClusterShape, driver: overload_load.Driver, info: dict, interrupted: bool) -> dict:
+def result_doc(args, argv: list[str], shape: ClusterShape, driver: overload_load.Driver, info: dict,
+               interrupted: bool) -> dict:
     records = [{**r, "outcome": "cancelled"} if r["outcome"] == "pending" else r  # only when interrupted
                for r in driver.records if r["phase"] != "warmup"]
     return {
@@ -257,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     out = Path(args.out or f"results/bench_overload{'_url' if args.url else shape.label}.json")
     cluster = None if args.url else Cluster(shape)
-    driver = overload_load.Driver(url=args.url or "", client_timeout_s=args.client_timeout_s, priority_in=args.priority_in,
+    driver = overload_load.Driver(url=args.url or "", client_timeout_s=args.client_timeout_s,
+                                  priority_in=args.priority_in,
                        priority_header=args.priority_header)
     info: dict = {"loadavg_start": list(os.getloadavg())}
     interrupted = 0  # the exit code of a run stopped by a signal

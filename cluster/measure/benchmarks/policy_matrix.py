@@ -4,13 +4,15 @@ every other policy's and its TTFT p50 and p99 at most theirs?
     kvmesh bench policy_matrix --out results/policy_matrix.json          # every cell not in the file yet
     kvmesh bench policy_matrix --workloads mooncake --rates 2x --kv none  # a slice
     kvmesh bench policy_matrix --jitter 1e-4 --out results/policy_matrix_jitter_up.json   # every arrival 0.01% later
-    kvmesh bench policy_matrix --seeds 10 --max-seeds 20     # the verdict over arrival seeds: results/policy_verdict.json
+    kvmesh bench policy_matrix --seeds 10 --max-seeds 20     # the verdict over arrival seeds:
+    results/policy_verdict.json
 
 With ``--seeds N`` each cell runs the whole trace (no miniature) once per arrival seed, N seeds and more while its
 verdict is undecided (support/matrix_seeds.py, support/paired_verdict.py: paired differences default - rival with
 95% intervals against margins); the single-run cells below are the matrix without replications.
 
-A cell is one ``kvmesh sim`` process (``nice -n 10`` unless ``--nice``, 16 replicas, ``--miniature 8``, no ceilings) over every
+A cell is one ``kvmesh sim`` process (``nice -n 10`` unless ``--nice``, 16 replicas, ``--miniature 8``, no ceilings)
+over every
 registered policy: a workload (the shared traces whole, and generated ones), a rate (``--time-scale`` 1, 1/2, 1/3),
 and how KV moves (none; peer pulls at 1.8e9 or 25e9 B/s; a host tier holding a quarter of the working set).
 ``--jitter`` moves every cell's time scale by that fraction: the same workloads, arrivals shifted by 0.01% for 1e-4,
@@ -40,7 +42,8 @@ WORKLOADS = ("mooncake", "azure_conv", "azure_code", "multi_turn", "chatbot", "t
 RATES = {"1x": 1.0, "2x": 0.5, "3x": 1 / 3}
 """Label -> ``--time-scale``."""
 KV = {"none": [], "pull1.8G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "1.8e9"],
-      "pull25G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "25e9"], "host": ["--offload-capacity-fraction", "0.25", "--no-offload-compare"]}
+      "pull25G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "25e9"],
+      "host": ["--offload-capacity-fraction", "0.25", "--no-offload-compare"]}
 """Label -> the ``kvmesh sim`` flags of how KV moves (a host tier: its runs only, the verdict reads no others)."""
 HIT_SLACK = 0.002
 """Hit rate (a fraction) the default may fall short of another policy's and still count as at least as good."""
@@ -77,8 +80,11 @@ def count_line(data: dict) -> str:
     def tally(part: int) -> str:
         groups = list(dict.fromkeys(key.split("/")[part] for key in short))
         groups = sorted(groups) if part == 1 else groups  # rates: 1x, 2x, 3x
-        return ", ".join(f"{g} {sum(k.split('/')[part] == g for k in met)}/{sum(k.split('/')[part] == g for k in short)}"
-                         for g in groups)
+
+        def count(keys, group: str) -> int:
+            return sum(k.split("/")[part] == group for k in keys)
+
+        return ", ".join(f"{g} {count(met, g)}/{count(short, g)}" for g in groups)
 
     misses = [name for s in short.values() for name, _, _ in s.values()]
     rivals = ", ".join(f"{n} to `{name}`" for name, n in sorted(
@@ -101,7 +107,8 @@ def noise_table(docs: list[dict]) -> str:
     every = sum(all(not s[k] for s in short) for k in keys)
     none = sum(all(s[k] for s in short) for k in keys)
     lines.append(f"| met in every run / in none / in some only | {every} / {none} / {len(keys) - every - none} |")
-    lines += ["", "| policy | TTFT p50 moved, median / max over cells | TTFT p99 moved, median / max |", "|---|---|---|"]
+    lines += ["", "| policy | TTFT p50 moved, median / max over cells | TTFT p99 moved, median / max |",
+              "|---|---|---|"]
     for name in docs[0]["cells"][keys[0]]["policies"]:
         moved = {m: sorted(_moved([d["cells"][k]["policies"][name][m] for d in docs]) for k in keys)
                  for m in ("ttft_p50", "ttft_p99")}

@@ -81,7 +81,8 @@ def table(paths: list[str]) -> str:
 def table_of(docs: list[dict]) -> str:
     """``table`` of result files already read (``kvmesh bench report``'s ``queue_flood`` tables)."""
     rows = ["| run | light alone p50 / p90 | light served | light p50 / p90 | flood served / 429 | "
-            "flood share of work / fair share | CPU s: replicas / router | verdict |", "|---|---|---|---|---|---|---|---|"]
+            "flood share of work / fair share | CPU s: replicas / router | verdict |",
+            "|---|---|---|---|---|---|---|---|"]
     for doc in docs:
         s, light, flood = doc["summary"], doc["summary"]["light"], doc["summary"]["flood"]
         alone, cpu = s.get("light_alone") or {}, doc.get("cpu_seconds") or {}
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                          max_num_seqs=args.max_num_seqs, cli=shlex.split(args.kvmesh_cmd),
                          router_args=["--admission-max-queued", str(args.max_queued), "--admission-user-tenants",
                                       *args.router_arg])
-    plan = FloodPlan(LoadTenant("flood", args.flood_key), LoadTenant("light", args.light_key), args.clients, args.seconds,
+    plan = FloodPlan(LoadTenant("flood", args.flood_key), LoadTenant("light", args.light_key), args.clients,
+                     args.seconds,
                      args.period_s, args.light_tokens, args.flood_tokens, alone_s=args.alone_s)
     cluster = None if args.url else Cluster(shape)
     try:

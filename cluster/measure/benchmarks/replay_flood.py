@@ -134,7 +134,8 @@ def run_once(variant: str, blocks: int, duration: float, rate: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=5_000, help="blocks in the replica's cache")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of flooding per run")
     parser.add_argument("--rate", type=float, default=200.0, help="snapshot requests per second")

@@ -158,7 +158,8 @@ def plot(result: dict, http_s: list[float], engine_s: list[float], path: Path) -
 
 def main(argv: list[str] | None = None) -> int:
     default_model = str(stories_model())
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench replica_http", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench replica_http",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--model", default=os.environ.get("KVMESH_BENCH_MODEL", default_model))
     p.add_argument("--requests", type=int, default=200, help="sequential 1-token requests per path")
     p.add_argument("--warmup", type=int, default=20)

@@ -1,14 +1,16 @@
 """A replica killed under streaming load, trial after trial: what status codes and streams clients see.
 
     kvmesh bench replica-kill [--model ../shared/models/stories260K/hf] [--replicas 2] [--trials 10]
-                              [--roles prefill,decode,decode] [--long-prompts] [--concurrency 16] [--duration 8] [--kill-at 3]
+                              [--roles prefill,decode,decode] [--long-prompts] [--concurrency 16] [--duration 8]
+                              [--kill-at 3]
                               [--router-cmd CMD]
                               [--out results/replica_kill.json]
 
 Real replicas (``kvmesh replica``, stories260K on CPU) and ``kvmesh router`` in front of them, each its own
 process, as an operator runs them. Each trial keeps ``--concurrency`` streaming completions in flight for
 ``--duration`` seconds and SIGKILLs, ``--kill-at`` seconds in, the replica with the most requests in
-flight (the one decoding most streams; with ``--roles``, a prefill replica is never the one); then restarts it on the same ports and waits until the router
+flight (the one decoding most streams; with ``--roles``, a prefill replica is never the one); then restarts it on the
+same ports and waits until the router
 has it back. Counted per trial and in all: HTTP status codes, streams that ended with ``[DONE]`` and no
 error, error events, broken streams, and answers whose text names a Python exception (internals leaking);
 with the router's retries and stream migrations (what it did so that clients saw nothing). The
@@ -230,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in replicas:
             r.start()
-        argv_router = [*shlex.split(args.router_cmd), "--port", str(port), "--model", args.model, "--log-level", "error"]
+        argv_router = [*shlex.split(args.router_cmd), "--port", str(port), "--model", args.model, "--log-level",
+                       "error"]
         router = subprocess.Popen(argv_router + [a for r in replicas for a in ("--replica", r.spec)],
                                   env={**{k: v for k, v in os.environ.items() if not k.startswith("KVMESH_ROUTER_")},
                                        "KVMESH_ADMIN_KEY": ADMIN_KEY},

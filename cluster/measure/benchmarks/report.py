@@ -9,7 +9,8 @@ is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` repo
 ``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``route_scaling``:
 ``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``router_peers``: ``kvmesh bench router-peers``'
 CPU per request, a row per router run; ``live_routers``: ``kvmesh bench compare-policies --router ...``'s
-routers in front of the same replicas, cached share and TTFT over rounds; ``fp8_kv_cache``: ``kvmesh bench fp8-kv-cache``'s blocks per GiB, agreement
+routers in front of the same replicas, cached share and TTFT over rounds; ``fp8_kv_cache``: ``kvmesh bench
+fp8-kv-cache``'s blocks per GiB, agreement
 and simulated hit rate per KV cache dtype; ``spec_decode``: ``kvmesh bench spec-decode``'s tokens per
 second and acceptance, a row per workload; ``fp8_aot``: ``tests/replica/triton_aot.py --out``'s attention
 kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --workload lora`` report,
@@ -17,9 +18,11 @@ a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``multi_router``: ``kvmesh bench multi-router``'s runs through
 one router, spread over several and with one killed; ``fleet_quota``: ``kvmesh bench fleet_quota``'s tenant rate
 and a light tenant's latency per router count; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
-one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
+one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy
+matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved; ``verdict``: ``kvmesh bench policy_matrix
---seeds N``'s cells (of one file or several runs' files), a row each with its verdict over the seeds and the rivals that fail it or leave it undecided,
+--seeds N``'s cells (of one file or several runs' files), a row each with its verdict over the seeds and the rivals that
+fail it or leave it undecided,
 with their paired intervals). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
@@ -141,7 +144,8 @@ def lora_table(report: dict) -> str:
     for name, s in report["policies"].items():
         if "lora" in s:
             lo, ttft = s["lora"], s["ttft_s"]
-            lines.append(f"| {name.replace('/', ', ')} | {s['hit_rate']:.1%} | {ttft['p50']:.3f} s | {ttft['p99']:.2f} s "
+            lines.append(f"| {name.replace('/', ', ')} | {s['hit_rate']:.1%} | {ttft['p50']:.3f} s | {ttft['p99']:.2f} "
+                         f"s "
                          f"| {lo['adapter_loads']:,} ({lo['adapter_loads_per_request']:.2f}) | "
                          f"{lo['slot_wait_share']:.1%} | {lo['adapters_per_replica_mean']:.1f} |")
     return "\n".join(lines)

@@ -150,7 +150,8 @@ def _stories_tokenizer():
 
 
 def story_text(tok, num_tokens: int) -> str:
-    words = ["once", "upon", "a", "time", "there", "was", "a", "little", "girl", "who", "loved", "to", "play", "in", "the", "park", "with", "her", "dog"]
+    words = ["once", "upon", "a", "time", "there", "was", "a", "little", "girl", "who", "loved", "to", "play", "in",
+             "the", "park", "with", "her", "dog"]
     rng = random.Random(3)
     text = " ".join(rng.choice(words) for _ in range(num_tokens))
     while len(tok.encode(text)) > num_tokens:

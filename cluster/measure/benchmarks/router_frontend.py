@@ -6,7 +6,8 @@ An instant echo replica and three routers (each in its own process, stories260K 
 ``pool`` hands every text prompt to ``PromptRenderer``'s thread pool, ``shipped`` as the code is
 (text up to ``_INLINE_CHARS`` on the loop, longer text on the pool), ``inline`` with ``run``
 patched to call on the loop (the old behaviour). Requests alternate direct / pool / shipped /
-inline, one at a time, for text prompts of ~100 and ~1k tokens (~450 and ~4,500 characters). Reported: p50/p99 wall ms and each router process's CPU ms per request (what the
+inline, one at a time, for text prompts of ~100 and ~1k tokens (~450 and ~4,500 characters). Reported: p50/p99 wall ms
+and each router process's CPU ms per request (what the
 hop costs regardless of how busy this shared machine is).
 """
 

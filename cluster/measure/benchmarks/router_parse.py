@@ -59,7 +59,8 @@ async def _one(fwd, raw: bytes, chat: bool):
     parsed = await fwd.reader.parse_prompts(raw, chat)
     decoded, req, prompts = parsed if len(parsed) == 3 else (raw, *parsed)  # a --tree whose request keeps the bytes
     ids = prompts[0] if prompts else []
-    plane = fwd.plane if hasattr(fwd, "plane") else fwd.runtime  # a --tree from before the data plane had its own object
+    plane = fwd.plane if hasattr(fwd,
+                                 "plane") else fwd.runtime  # a --tree from before the data plane had its own object
     decision = plane.router.route(ids, req.cache_salt, exclude=[], session_id=req.user)
     body = ProxyRequest(decoded, req, prompts, chat, plane.config.tokenize.forward_token_ids).for_kind(KVMESH)
     return decision, body

@@ -26,7 +26,8 @@ PROMPT_TOKENS = 428
 
 
 def _launch(name: str) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--name", name,
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--name",
+                             name,
                              "--port", "0", "--event-port", "0", "--block-size", "16", "--num-blocks", "65536"],
                             stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())
@@ -71,7 +72,8 @@ def measure(requests: int) -> dict:
                     raise RuntimeError(f"{label}: HTTP {r.status}: {r.text[:200]}")
                 if i >= 20:  # warm-up done
                     latency[label].append((time.perf_counter() - t0) * 1e3)
-        splits = servers[1].runtime.metrics.registry.get_sample_value("kvmesh_router_pd_splits_total", {"outcome": "ok"})
+        splits = servers[1].runtime.metrics.registry.get_sample_value("kvmesh_router_pd_splits_total",
+                                                                      {"outcome": "ok"})
         out = {label: {"p50_ms": statistics.median(v), "p90_ms": sorted(v)[int(0.9 * len(v))], "n": len(v)}
                for label, v in latency.items()}
         out["split_overhead_p50_ms"] = out["split"]["p50_ms"] - out["whole"]["p50_ms"]

@@ -55,7 +55,9 @@ LLAMA2_CHAT_TEMPLATE = (
     "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
     "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
 )
-WORDS = ["once", "upon", "a", "time", "there", "was", "a", "little", "girl", "who", "loved", "to", "play", "in", "the", "park", "with", "her", "dog", "and", "one", "day", "she", "found", "a", "big", "red", "ball", "under", "an", "old", "tree", "near", "the", "river", "so", "she", "ran", "home", "to", "tell", "mom"]
+WORDS = ["once", "upon", "a", "time", "there", "was", "a", "little", "girl", "who", "loved", "to", "play", "in", "the",
+         "park", "with", "her", "dog", "and", "one", "day", "she", "found", "a", "big", "red", "ball", "under", "an",
+         "old", "tree", "near", "the", "river", "so", "she", "ran", "home", "to", "tell", "mom"]
 PATHS = {"text": "/v1/completions", "token_ids": "/v1/completions", "chat": "/v1/chat/completions"}
 
 

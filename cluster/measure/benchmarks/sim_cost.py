@@ -121,7 +121,8 @@ def table(before_path: str, after_path: str) -> str:
         b = before.get(key, {}).get("policies", {}).get("cache_aware")
         a = pol["cache_aware"]
         fmt = lambda p50, p99, hit: f"{p50:.3f} / {p99:.3f} / {100 * hit:.1f}%"  # noqa: E731
-        short = "; ".join(f"{m} {n} {100 * (mine / theirs - 1):+.1f}%" for m, (n, theirs, mine) in cell["short"].items())
+        short = "; ".join(f"{m} {n} {100 * (mine / theirs - 1):+.1f}%" for m, (n, theirs,
+                                                                               mine) in cell["short"].items())
         rows.append(f"| {key} | {fmt(b['ttft_p50'], b['ttft_p99'], b['hit_rate']) if b else '-'} | "
                     f"{fmt(a['ttft_p50'], a['ttft_p99'], a['hit_rate'])} | {fmt(*best)} | {short or 'none'} |")
     return "\n".join(rows)

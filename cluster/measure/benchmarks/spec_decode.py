@@ -40,7 +40,8 @@ def parse_args(argv):
     p.add_argument("--draft-model", default=None, help="the draft model's HF directory (default: --model itself)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--requests", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=48, help="output tokens per request (and the quoted text's length)")
+    p.add_argument("--max-tokens", type=int, default=48,
+                   help="output tokens per request (and the quoted text's length)")
     p.add_argument("--rounds", type=int, default=5)
     return p.parse_args(argv)
 

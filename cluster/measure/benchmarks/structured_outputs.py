@@ -32,7 +32,8 @@ WORDS = r"( [a-z]+){512,}"  # at least 512 words: never complete within a benchm
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m kvmesh.cluster.measure.benchmarks.structured_outputs",
+    p = argparse.ArgumentParser(allow_abbrev=False,
+                                prog="python -m kvmesh.cluster.measure.benchmarks.structured_outputs",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/structured_outputs.json")
     p.add_argument("--batch-sizes", default="1,32,256")
@@ -122,7 +123,8 @@ def throughput(num_requests: int, constrained: bool, args) -> float:
                                     max_num_seqs=max(num_requests, 1)))
     so = StructuredOutputsParams(regex=WORDS) if constrained else None
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, structured_outputs=so)
-    engine.add_request(EngineRequest("warm", [1, 403, 407], params))  # compiles the grammar (cached by its spec) and warms up
+    engine.add_request(EngineRequest("warm", [1, 403, 407],
+                                     params))  # compiles the grammar (cached by its spec) and warms up
     while engine.has_unfinished_requests():
         engine.step()
     for i in range(num_requests):

@@ -87,7 +87,8 @@ async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fle
 
 def _line(row: dict) -> str:
     s = row["summary"]
-    return (f"  round {row['round']} {row['workload']:<10} {row['router']:<22} cached {100 * s['cached_token_share']:5.1f}%"
+    return (f"  round {row['round']} {row['workload']:<10} {row['router']:<22} "
+            f"cached {100 * s['cached_token_share']:5.1f}%"
             f"  TTFT mean {s['ttft_s']['mean']:.3f} s  p50 {s['ttft_s']['p50']:.3f} s  errors {s['errors']}")
 
 
@@ -110,7 +111,8 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
                    if r["router"] == n and r["workload"] == w] for n in names}
         out[w] = {}
         for n, runs in per.items():
-            entry = {k: interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s", "load_imbalance")}
+            entry = {k: interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s",
+                                                                 "load_imbalance")}
             entry["errors"] = sum(r["errors"] for r in runs)
             entry["requests"] = sum(r["requests"] for r in runs)
             ref = per.get(REFERENCE)

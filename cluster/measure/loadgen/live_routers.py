@@ -46,7 +46,8 @@ class LiveFleet:
 
 
 def peers_dir(given: str | None) -> Path:
-    """Where the peers' virtualenvs are: ``given``, else ``$KVMESH_PEERS_DIR``, else ``../peers`` beside the checkout."""
+    """Where the peers' virtualenvs are: ``given``, else ``$KVMESH_PEERS_DIR``, else ``../peers`` beside the
+    checkout."""
     return Path(given or os.environ.get("KVMESH_PEERS_DIR") or ROOT.parent / "peers")
 
 

@@ -70,7 +70,8 @@ class SessionState:
         """(path, JSON body) of the session's turn ``turn_index``."""
         turn = self.session.turns[turn_index]
         o = self.options
-        body: dict = {"model": self.session.model or o.model, "max_tokens": turn.max_tokens, "temperature": o.temperature,
+        body: dict = {"model": self.session.model or o.model, "max_tokens": turn.max_tokens,
+                      "temperature": o.temperature,
                       "stream": True, "stream_options": {"include_usage": True}}
         if o.ignore_eos:
             body["ignore_eos"] = True

@@ -128,7 +128,8 @@ class SimConfig:
     """Knobs of every policy compared (``policies.policy_config``; a knob a policy does not take is left out
     for it, one no policy takes is an error)."""
     lora: SimLoRAConfig = field(default_factory=SimLoRAConfig, metadata={"prefix": ""})
-    """LoRA adapters: the replicas' slots (max_loras), an adapter's size and load rate, adapter affinity (sim/lora.py)."""
+    """LoRA adapters: the replicas' slots (max_loras), an adapter's size and load rate, adapter affinity
+    (sim/lora.py)."""
     tenants: str = ""
     """Tenants, priorities and latency targets over the workload (workloads/tenants.py): a preset ("overload") or
     NAME:SHARE[:PRIORITY[:TTFT_S[:ITL_S]]],...; the report then gives goodput per tenant and priority. "": one
@@ -151,9 +152,11 @@ class SimConfig:
             raise ValueError(f"num_prefill_replicas must be >= 0 (0 = no prefill/decode split), "
                              f"got {self.num_prefill_replicas}")
         if self.pd_prefill_pick not in PD_PREFILL_PICKS:
-            raise ValueError(f"pd_prefill_pick must be one of {', '.join(PD_PREFILL_PICKS)}; got {self.pd_prefill_pick!r}")
+            raise ValueError(f"pd_prefill_pick must be one of {', '.join(PD_PREFILL_PICKS)}; got "
+                             f"{self.pd_prefill_pick!r}")
         if not self.kv_transfer_bytes_per_s > 0:
-            raise ValueError(f"kv_transfer_bytes_per_s must be > 0 bytes per second, got {self.kv_transfer_bytes_per_s}")
+            raise ValueError(f"kv_transfer_bytes_per_s must be > 0 bytes per second, "
+                             f"got {self.kv_transfer_bytes_per_s}")
         if not self.kv_transfer_latency_s >= 0:
             raise ValueError(f"kv_transfer_latency_s must be >= 0 seconds, got {self.kv_transfer_latency_s}")
         object.__setattr__(self, "kv_cache_memory_per_replica",

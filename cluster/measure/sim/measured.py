@@ -75,6 +75,7 @@ def sim_load_report(measures: SimMeasures, config: SimConfig, num_running: int, 
     return LoadReport(num_requests_running=num_running, num_requests_waiting=num_waiting, kv_cache_usage=kv_usage,
                       num_waiting_prefill_tokens=waiting_prefill_tokens, num_kv_blocks=num_kv_blocks,
                       block_size=config.engine.block_size,
-                      max_num_seqs=config.engine.max_num_seqs, prefill_tokens_per_s=measures.prefill_rate.tokens_per_s or _rate(cost.prefill_s_per_token),
+                      max_num_seqs=config.engine.max_num_seqs,
+                      prefill_tokens_per_s=measures.prefill_rate.tokens_per_s or _rate(cost.prefill_s_per_token),
                       kv_block_bytes=config.engine.block_size, h2d_bytes_per_s=_rate(cost.load_s_per_token),
                       kv_transfer=transfer, decode_step=decode)

@@ -59,7 +59,8 @@ class SimLoadPublishing:
         return 0.0
 
     def update(self, rep: SimReplica, now: float, steps: int, force: bool = False) -> ReplicaLoadUpdate | None:
-        """The load ``rep`` publishes at ``now`` (simulated seconds, its ``ts``) after ``steps`` steps (None: unchanged since its last update, unless ``force``)."""
+        """The load ``rep`` publishes at ``now`` (simulated seconds, its ``ts``) after ``steps`` steps (None: unchanged
+        since its last update, unless ``force``)."""
         report = rep.load_report()
         ledger = self.ledger(rep.replica_id)
         queued = sum(_uncached(r) for r in (*rep.waiting, *rep.running))

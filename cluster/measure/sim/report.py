@@ -213,14 +213,16 @@ def format_table(report: dict) -> str:
         lines.append(f"ceilings: infinite cache {ceil['infinite_cache_hit_rate']:.1%}, "
                      f"single pool of the same total capacity {ceil['single_pool_hit_rate']:.1%}")
     width = max([16, *(len(name) + 2 for name in report["policies"])])
-    header = (f"{'policy':<{width}}{'hit':>7}{'host':>7}{'/pool':>7}{'capt':>6}{'mispred':>8}{'TTFT p50':>10}{'TTFT p99':>10}{'queue p50':>10}"
+    header = (f"{'policy':<{width}}{'hit':>7}{'host':>7}{'/pool':>7}{'capt':>6}{'mispred':>8}"
+              f"{'TTFT p50':>10}{'TTFT p99':>10}{'queue p50':>10}"
               f"{'queue p99':>10}{'max/mean':>9}{'events/s':>10}{'blocks/s':>10}{'cpu s':>7}")
     lines += [header, "-" * len(header)]
     for name, s in report["policies"].items():
         rel = s.get("hit_rate_vs_single_pool")
         rc = s.get("receipts", {})
         lines.append(
-            f"{name:<{width}}{s['hit_rate']:>7.1%}{s.get('host_hit_rate', 0.0):>7.1%}{(f'{rel:.1%}' if rel is not None else '-'):>7}"
+            f"{name:<{width}}{s['hit_rate']:>7.1%}{s.get('host_hit_rate', 0.0):>7.1%}"
+            f"{(f'{rel:.1%}' if rel is not None else '-'):>7}"
             f"{rc.get('captured_ratio', float('nan')):>6.0%}{rc.get('mispredicted_rate', float('nan')):>8.1%}"
             f"{s['ttft_s']['p50']:>10.3f}{s['ttft_s']['p99']:>10.3f}{s['queue_s']['p50']:>10.3f}"
             f"{s['queue_s']['p99']:>10.3f}{s['load_imbalance']:>9.2f}{s['events_per_s']:>10,.0f}"

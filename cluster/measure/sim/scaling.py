@@ -12,7 +12,8 @@ kinds of events of its own:
 
 ``vary_rate`` turns a trace into one whose rate alternates between slow and fast phases, and
 ``compare_with_fixed`` runs it autoscaled and on a fixed fleet sized for the peak (``max_replicas``):
-replica-seconds and TTFT p90 side by side. ``kvmesh sim scaling`` (``python -m kvmesh.cluster.measure.sim.scaling``) writes that report.
+replica-seconds and TTFT p90 side by side. ``kvmesh sim scaling`` (``python -m kvmesh.cluster.measure.sim.scaling``)
+writes that report.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def run_autoscaled(policy: str, requests: list[SimRequest], config: SimConfig, b
                       fleet=AutoscaledFleet(autoscale, startup_s))
 
 
-def compare_with_fixed(requests_of: Callable[[], list[SimRequest]], config: SimConfig, blocks_per_replica: int, tokens: BlockTokenCache,
+def compare_with_fixed(requests_of: Callable[[], list[SimRequest]], config: SimConfig, blocks_per_replica: int,
+                       tokens: BlockTokenCache,
                        autoscale: AutoscaleConfig, startup_s: float, policy: str = "cache_aware") -> dict:
     """Autoscaled vs a fixed fleet of ``max_replicas``: replica-seconds, TTFT p90, hit rate."""
     fixed = run_policy(policy, requests_of(), replace(config, num_replicas=autoscale.max_replicas),

@@ -6,7 +6,8 @@ does), in simulated time:
 - **split**: the router picks the decode replica first (cache-aware; prefill replicas are no candidates).
   When the prompt's uncached suffix there is at least the router's ``pd_min_uncached_tokens``, a prefill
   replica has room (its backlog under ``pd_max_prefill_backlog_tokens``) and the split is worth its seconds
-  (``pd_ttft_slack_s``, ``pd_stall_weight``), a one-token *prefill leg* runs on that replica (its blocks stay in its cache, with their events). When the leg
+  (``pd_ttft_slack_s``, ``pd_stall_weight``), a one-token *prefill leg* runs on that replica (its blocks stay in its
+  cache, with their events). When the leg
   finishes, the decode replica pulls the prompt's KV it lacks and then serves the request: the first token
   comes from the decode replica, after the transfer.
 - **peer pull**: when a replica (any role) holds more of the prompt than the one the policy picked and moving

@@ -13,7 +13,12 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 # Plain words a small story model's tokenizer knows; order is irrelevant, content deterministic.
-WORDS = ["the", "a", "little", "girl", "boy", "cat", "dog", "bird", "tree", "house", "park", "ball", "sun", "moon", "star", "day", "night", "happy", "sad", "big", "small", "red", "blue", "green", "friend", "mom", "dad", "play", "run", "jump", "look", "see", "find", "go", "come", "went", "said", "was", "is", "had", "has", "with", "and", "then", "but", "so", "very", "one", "two", "three", "time", "once", "upon", "lily", "tim", "ben", "sue", "toy", "box", "car", "boat", "fish", "water", "sky", "cloud", "rain", "snow", "flower", "garden", "door", "window", "bed", "book", "cake", "cookie", "apple", "tea", "milk", "bread", "kind", "brave"]
+WORDS = ["the", "a", "little", "girl", "boy", "cat", "dog", "bird", "tree", "house", "park", "ball", "sun", "moon",
+         "star", "day", "night", "happy", "sad", "big", "small", "red", "blue", "green", "friend", "mom", "dad", "play",
+         "run", "jump", "look", "see", "find", "go", "come", "went", "said", "was", "is", "had", "has", "with", "and",
+         "then", "but", "so", "very", "one", "two", "three", "time", "once", "upon", "lily", "tim", "ben", "sue", "toy",
+         "box", "car", "boat", "fish", "water", "sky", "cloud", "rain", "snow", "flower", "garden", "door", "window",
+         "bed", "book", "cake", "cookie", "apple", "tea", "milk", "bread", "kind", "brave"]
 
 
 @dataclass(frozen=True, slots=True)

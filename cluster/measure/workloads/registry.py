@@ -104,7 +104,8 @@ def get_workload(name: str) -> Workload:
 def describe() -> str:
     """The registered workloads, one per line, for the commands' ``--help``."""
     width = max(map(len, WORKLOADS))
-    return "workloads (--workload; the same in kvmesh sim and kvmesh bench load):\n" + "\n".join(f"  {w.name:<{width}}  {w.doc}" for w in WORKLOADS.values())
+    return "workloads (--workload; the same in kvmesh sim and kvmesh bench load):\n" + "\n".join(
+        f"  {w.name:<{width}}  {w.doc}" for w in WORKLOADS.values())
 
 
 def _given(**values: float | int | None) -> dict[str, float | int]:
@@ -164,7 +165,8 @@ def chatbot(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Tenants' system prompts (--num-prefixes) + a unique question."""
     shape = s.shape
     return list(single_turn.chatbot(s.num_requests, s.prompt_tokens, num_tenants=shape.num_prefixes, seed=s.seed,
-                                    **_given(system_share=shape.system_share, rate=s.rate, output_tokens=s.output_tokens)))
+                                    **_given(system_share=shape.system_share, rate=s.rate,
+                                             output_tokens=s.output_tokens)))
 
 
 @register("rag", conversation=True)
@@ -172,7 +174,8 @@ def rag(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Instructions + a document (--num-documents) + a unique question."""
     shape = s.shape
     return list(single_turn.rag(s.num_requests, s.prompt_tokens, num_documents=shape.num_documents, seed=s.seed,
-                                **_given(instruction_share=shape.system_share, rate=s.rate, output_tokens=s.output_tokens)))
+                                **_given(instruction_share=shape.system_share, rate=s.rate,
+                                         output_tokens=s.output_tokens)))
 
 
 @register("random", conversation=True)

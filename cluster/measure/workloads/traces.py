@@ -91,7 +91,8 @@ def _open_lines(path: str | Path) -> Iterator[tuple[int, str]]:
 
 def _int_field(obj: dict, key: str, path, lineno: int, minimum: int) -> int:
     if key not in obj:
-        raise TraceError(path, lineno, f"missing field {key!r} (expected timestamp, input_length, output_length, hash_ids)")
+        raise TraceError(path, lineno,
+                         f"missing field {key!r} (expected timestamp, input_length, output_length, hash_ids)")
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
         raise TraceError(path, lineno, f"field {key!r} must be an integer, got {value!r}")

@@ -8,7 +8,8 @@ chunks) becomes a Response (whole, or its ``response.*`` events). Stored respons
     items.py        input items (messages, function calls and their outputs) -> chat messages
     output.py       a chat answer -> the Response object, its output items and usage
     events.py       a chat stream's chunks -> the ``response.*`` server-sent events, in OpenAI's order
-    store.py        ResponseStore: the interface of stored responses per tenant, bounded in bytes and age; open_store
+    store.py        ResponseStore: the interface of stored responses per tenant, bounded in bytes and age
+    open_store.py   open_store: the store a router's ``responses`` section names (above store.py and the databases)
     store_config.py ResponsesStoreConfig: where they live (a SQLite file in the state directory, or a PostgreSQL DSN)
     sql_store.py    the bounds, written once in portable SQL
     sqlite_store.py SQLite: in memory, or a file every router process of a host shares (WAL)

@@ -176,7 +176,8 @@ class ResponseEvents:
         return events
 
     def completed(self) -> bytes:
-        """The last event: ``response.completed`` (or ``response.incomplete`` at max_output_tokens) with ``response``."""
+        """The last event: ``response.completed`` (or ``response.incomplete`` at max_output_tokens) with
+        ``response``."""
         kind = {"completed": "response.completed", "failed": "response.failed"}.get(self.response["status"],
                                                                                   "response.incomplete")
         return self._event(kind, response=self.response)

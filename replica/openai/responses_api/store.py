@@ -18,22 +18,17 @@ another tenant still finds nothing.
 
 ``ResponseStore`` is the interface; the bounds are written once in portable SQL (sql_store.py) over SQLite
 (sqlite_store.py: in memory, or a file every router process of a host shares) and PostgreSQL (postgres_store.py:
-routers on several hosts). ``open_store`` picks one from the router's ``responses`` section (store_config.py).
+routers on several hosts). ``open_store`` (open_store.py) picks one from the router's ``responses`` section
+(store_config.py).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.json_types import JSONObject
 from pydantic import JsonValue
-
-if TYPE_CHECKING:
-    from kvmesh.replica.openai.config import FrontendConfig
-
-    from .store_config import ResponsesStoreConfig
 
 UNUSED, TENANT_BYTES, TOTAL_BYTES = "unused", "tenant_bytes", "total_bytes"
 """Why a response went (``Expired.reason``): unused for the max age; its tenant's bytes bound; all tenants' bound."""
@@ -93,21 +88,3 @@ class ResponseStore(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the database (its connections)."""
-
-
-def open_store(where: ResponsesStoreConfig, bounds: FrontendConfig) -> ResponseStore:
-    """The router's store: PostgreSQL when ``where.dsn`` is set (psycopg imported only then), else the SQLite file
-    (its directory made private, 0700, when it is the state directory's)."""
-    if where.dsn is not None:
-        from .postgres_store import PostgresResponseStore
-
-        return PostgresResponseStore(bounds, where.dsn, where.pool_size, where.busy_timeout_s)
-    from .sqlite_store import SQLiteResponseStore
-
-    path = where.sqlite_path()
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:
-        raise StoreUnavailable(f"cannot make {path.parent} for the stored responses: {e.strerror}; set "
-                               "router.responses.path (--responses-path) or KVMESH_STATE_DIR") from None
-    return SQLiteResponseStore(bounds, str(path), busy_timeout_s=where.busy_timeout_s)

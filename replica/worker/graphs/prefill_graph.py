@@ -110,7 +110,8 @@ class StaticPrefill:
     def __init__(self, model: nn.Module, backend, max_blocks: int, block_size: int, max_seq_len: int,
                  device: torch.device, sizes: tuple[int, ...] = PREFILL_SIZES) -> None:
         if not supports_static_prefill(backend, block_size):
-            raise ValueError(f"attention backend {backend.name!r} has no static prefill path at block_size={block_size}")
+            raise ValueError(f"attention backend {backend.name!r} has no static prefill path at "
+                             f"block_size={block_size}")
         self.model, self.device, self.sizes = model, device, tuple(sorted(sizes))
         self.inputs = into = PrefillInputs(self.sizes[-1], max_blocks, block_size, device)
         self.metadata = {p: backend.static_prefill_metadata(into.slot_mapping[:p], into.query_start_loc, into.seq_lens,

@@ -14,7 +14,8 @@ blocks than the candidate, the candidate has no prefill queued, both report KV t
 seconds than computing those tokens (pull.py, estimate.py's prefill rate), the candidate pulls the difference, as
 ``KVRouter`` then plans it (kv_placement.py). ``comeback`` (``ReplicaLoad.comeback``,
 router/routing/eviction_ghosts.py) is the share of the blocks a replica stored lately that it had evicted before,
-and ``comeback`` here its mean over the candidates: every token stored evicts one, which comes back (is recomputed) with about this probability. A token no
+and ``comeback`` here its mean over the candidates: every token stored evicts one, which comes back (is recomputed) with
+about this probability. A token no
 replica holds must be stored somewhere, whichever candidate takes it; a token the candidate would compute or pull
 while another replica holds it (``duplicated``: up to the best holder's match) is a second copy, one more block of
 the fleet's cache taken, so it costs ``comeback`` more tokens later. ``ghost_weight`` 1 prices that expectation at

@@ -30,7 +30,8 @@ partitioned caches behave more like one LRU pool (the simulator's attribution: f
 evicted from every replica). A replica not evicting evicts nothing by storing a token; its intake is
 priced only as far as the fleet is busy, where spreading it evens the queues: on an idle fleet a
 conversation's next turn stays on its holder. ``filling_backlog_weight`` (an option, off) weighs the
-queue apart while the fleet fills, when a copy of a prefix costs no later hit. ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
+queue apart while the fleet fills, when a copy of a prefix costs no later hit. ``steps`` puts the decode term in time:
+``decode_weight`` (8) is about
 what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
 token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
 backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a

@@ -109,7 +109,8 @@ def measure_variant(plan: Plan, variant: EngineVariant) -> dict:
         free_engine(plan.device)
     print(f"[engine-speed] {label}: {result['workload']['output_tok_per_s']:.0f} output tok/s, decode ms/step "
           + " / ".join(f"{d['wall_ms_per_step']:.2f}@{d['running_seqs']}" for d in result["decode"])
-          + f", TTFT cold {result['ttft']['cold']['wall_ms']:.1f} ms / cached {result['ttft']['cached']['wall_ms']:.1f} ms",
+          + f", TTFT cold {result['ttft']['cold']['wall_ms']:.1f} ms / cached "
+            f"{result['ttft']['cached']['wall_ms']:.1f} ms",
           flush=True)
     return result
 

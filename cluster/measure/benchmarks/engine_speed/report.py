@@ -17,7 +17,8 @@ def summary_table(results: dict) -> str:
     if hf is not None:
         w = hf["workload"]
         lines.append(f"| HF generate, static batches of {w['batch_size']}, {hf['attn_implementation']} "
-                     f"| {w['output_tok_per_s']:,.0f} | {w['total_tok_per_s']:,.0f} | {w['cpu_ms_per_output_token']:.3f} "
+                     f"| {w['output_tok_per_s']:,.0f} | {w['total_tok_per_s']:,.0f} | "
+                     f"{w['cpu_ms_per_output_token']:.3f} "
                      f"| {_decode(hf['decode'])} | - |")
     for c in configs:
         name = c["config"] if c["config"] != "default" else f"default ({c.get('backend')}:{c.get('block_size')})"
@@ -32,6 +33,7 @@ def summary_table(results: dict) -> str:
     floor = results["weight_read_floor"]
     lines.append("")
     lines.append(f"Weight-read floor: {floor['floor_ms_per_decode_step']:.3g} ms per decode step "
-                 f"({floor['weight_bytes'] / 1e6:,.1f} MB of weights / {floor['bandwidth']['bytes_per_s'] / 1e9:,.1f} GB/s, "
+                 f"({floor['weight_bytes'] / 1e6:,.1f} MB of weights / {floor['bandwidth']['bytes_per_s'] / 1e9:,.1f} "
+                 f"GB/s, "
                  f"{floor['bandwidth']['method']}).")
     return "\n".join(lines)

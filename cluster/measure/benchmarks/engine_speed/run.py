@@ -104,7 +104,8 @@ def run(options: EngineSpeedOptions) -> dict:
     measured = [c for c in results["configs"] if "workload" in c and "error" not in c]
     if not measured:
         raise ValueError("no engine configuration could run here: "
-                         + "; ".join(f"{c['config']}: {c.get('skipped') or c.get('error')}" for c in results["configs"]))
+                         + "; ".join(f"{c['config']}: {c.get('skipped') or c.get('error')}"
+                                     for c in results["configs"]))
     dtype = getattr(torch, measured[0]["dtype"])
     if not options.skip_hf:
         results["hf_generate"] = measure_hf(options, preset, plan, dtype)

@@ -76,9 +76,11 @@ def start_router(s: LiveSettings, ends: list[dict], procs: list[subprocess.Popen
 
 def replay(s: LiveSettings, url: str) -> dict:
     out = s.work / "load.json"
-    subprocess.run(kvmesh("bench", "load", "--url", url, "--workload", "mooncake", "--num-requests", str(s.num_requests),
+    subprocess.run(kvmesh("bench", "load", "--url", url, "--workload", "mooncake", "--num-requests",
+                          str(s.num_requests),
                           "--max-prompt-tokens", str(s.max_prompt_tokens), "--max-tokens", str(s.max_tokens),
-                          "--trace-block-tokens", "16", "--mode", "open", "--time-scale", f"{s.dilation:g}", "--no-plot",
+                          "--trace-block-tokens", "16", "--mode", "open", "--time-scale", f"{s.dilation:g}",
+                          "--no-plot",
                           "--no-progress", "--out", str(out)), check=True, stdout=subprocess.DEVNULL,
                    timeout=600)
     load = json.loads(out.read_text())

@@ -14,7 +14,8 @@ JSONBody = dict[str, object]
 
 def http_head(status: int, length: int | None, content_type: bytes = b"application/json") -> bytes:
     size = b"Transfer-Encoding: chunked" if length is None else b"Content-Length: %d" % length
-    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\n\r\n" % (status, HTTPStatus(status).phrase.encode(), content_type, size)
+    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\n\r\n" % (status, HTTPStatus(status).phrase.encode(),
+                                                                  content_type, size)
 
 
 def json_answer(status: int, body: JSONBody) -> bytes:

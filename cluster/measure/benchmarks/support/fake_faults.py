@@ -43,7 +43,8 @@ class Faults:
     max_num_seqs: int = 0
     """The ``max_num_seqs`` ``/load`` reports (the router's admission sends no more at once; 0: none reported)."""
     adapter_load_delay: float = 0.0
-    """Seconds an adapter load (``POST /v1/load_lora_adapter``) takes before it answers (a large adapter, a slow disk)."""
+    """Seconds an adapter load (``POST /v1/load_lora_adapter``) takes before it answers (a large adapter, a slow
+    disk)."""
 
 
 async def client_left(reader: asyncio.StreamReader, seconds: float) -> bool:

@@ -3,7 +3,8 @@
 What a router sees is the contract's: ``POST /kv/lease`` (the prompt's leading full blocks this replica's prefix
 cache holds, held under a lease id; with ``lease_id``, that lease for the prompt it holds, else a 409),
 ``POST /kv/release`` (404 for an unknown lease), ``POST /kv/peers`` (each router's replica set, kept per router as a
-real replica keeps them: the only URLs this replica pulls from), ``GET /kv/handshake`` (503 while transfer is off), ``/load``'s ``kv_transfer`` object, and
+real replica keeps them: the only URLs this replica pulls from), ``GET /kv/handshake`` (503 while transfer is off),
+``/load``'s ``kv_transfer`` object, and
 ``kv_transfer_params`` on completions:
 
 - ``{"do_remote_decode": true}`` (prefill side): the prompt goes through the cache, then its blocks are leased and

@@ -214,7 +214,8 @@ class FakeReplica:
                   if self.answer_max_tokens else (self.name, "!"))
         stream_options = body.get("stream_options")
         with_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-        head, *chunks, tail = completion_answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
+        head, *chunks, tail = completion_answer(chat, bool(body.get("stream")), with_usage, self.model, self.name,
+                                                pieces,
                                       len(ids), cached)
         if params is not None:
             self.kv.received.append(params)
@@ -222,7 +223,8 @@ class FakeReplica:
                 answer = json.loads(head.partition(b"\r\n\r\n")[2])
                 head = json_answer(200, {**answer, "kv_transfer_params": self.kv.handle(ids, salt)})
             head = with_headers(head, {"x-kvmesh-kv-pulled-tokens": pulled, "x-kvmesh-kv-pulled-bytes":
-                                       pulled * self.kv.bytes_per_token, **({"x-kvmesh-kv-pull": outcome} if outcome else {})})
+                                       pulled * self.kv.bytes_per_token,
+                                       **({"x-kvmesh-kv-pull": outcome} if outcome else {})})
         if f.grammar_compile_s and body.get("structured_outputs") is not None:
             head = with_headers(head, {"x-kvmesh-grammar-compile-s": f.grammar_compile_s})
         if f.garbage:
@@ -267,7 +269,8 @@ async def serve(replica: FakeReplica, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="!", help="what a completion answers (default: %(default)s)")
     ap.add_argument("--model", default="stub", help="the model it serves in /v1/models (default: %(default)s)")
     ap.add_argument("--port", type=int, default=0, help="port to bind on 127.0.0.1 (0 = free one)")

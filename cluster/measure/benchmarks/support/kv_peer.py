@@ -103,7 +103,8 @@ def _hold(conn, spec: HolderSpec) -> None:
     cache, layout, ready, _engine = _holder_cache(spec)
     try:
         agent = make_kv_transfer_agent(
-            KVTransferConfig(transport=spec.transport, progress_delay_us=spec.progress_delay_us), spec.name, cache, layout)
+            KVTransferConfig(transport=spec.transport, progress_delay_us=spec.progress_delay_us), spec.name, cache,
+            layout)
     except KVTransferError as e:
         conn.send(str(e))
         return

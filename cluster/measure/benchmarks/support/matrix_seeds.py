@@ -94,7 +94,8 @@ def table(data: dict, matrix_size: int) -> str:
     counted), the pairs that fail or straddle with their intervals, and the peers' formulas it beats on a primary
     metric; then the count (of the ``matrix_size`` cells of the whole matrix)."""
     default, by_name = data["default"], {m.name: m for m in METRICS}
-    out = ["| cell | seeds | verdict | rivals better beyond the margin, or straddling it (default - rival, 95% interval) "
+    out = ["| cell | seeds | verdict | rivals better beyond the margin, or straddling it (default - rival, 95% "
+           "interval) "
            "| peers beaten |", "|---|---|---|---|---|"]
     counts = {PASS: 0, FAIL: 0, UNDECIDED: 0}
     running = 0

@@ -103,7 +103,8 @@ class Cluster:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"{' '.join(p.args[:6])}... exited ({p.returncode}); logs: {', '.join(self.logs)}")
+                    raise RuntimeError(f"{' '.join(p.args[:6])}... exited ({p.returncode}); "
+                                       f"logs: {', '.join(self.logs)}")
             rows = self.replica_rows()
             if len(rows) == n and all(r["healthy"] and not r.get("ejected") for r in rows):
                 return

@@ -123,7 +123,8 @@ async def ticker(period_s: float, until: float, send: Callable[[], Awaitable]) -
     return tasks
 
 
-async def closed_loop(clients: int, until: float, send: Callable[[], Awaitable[dict]], retry_after_cap_s: float) -> None:
+async def closed_loop(clients: int, until: float, send: Callable[[], Awaitable[dict]],
+                      retry_after_cap_s: float) -> None:
     """``clients`` clients, each sending its next request when its last one ended, until ``until``. After a 429 a
     client waits its ``Retry-After`` (at most ``retry_after_cap_s``; 0.1 s without one), as a polite flood would."""
 

@@ -48,7 +48,8 @@ def start_stub_replicas(procs: list, n: int = 2) -> list[str]:
     (the caller stops them): their URLs."""
     urls = []
     for _ in range(n):
-        p = subprocess.Popen(pinned([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica"], 1),
+        p = subprocess.Popen(pinned([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica"],
+                                    1),
                              stdout=subprocess.PIPE, text=True)
         procs.append(p)
         urls.append(f"http://127.0.0.1:{json.loads(p.stdout.readline())['port']}")

@@ -53,7 +53,8 @@ def table(docs: list[dict]) -> str:
             continue
         ok = mean(hits) >= -HIT_POINTS and mean(ttfts) <= TTFT_SHARE
         (dh, hh), (dt, ht) = interval(hits), interval([t * 100 for t in ttfts])
-        out.append(f"| {n} | {hit:.1%} | {dh:+.2f} pt [{dh - hh:+.2f}, {dh + hh:+.2f}] ({min(hits):+.2f}) | {ttft:.3f} s "
+        out.append(f"| {n} | {hit:.1%} | {dh:+.2f} pt [{dh - hh:+.2f}, {dh + hh:+.2f}] ({min(hits):+.2f}) | {ttft:.3f} "
+                   f"s "
                    f"| {dt:+.1f}% [{dt - ht:+.1f}, {dt + ht:+.1f}] ({max(ttfts):+.1%}) | {p99:.2f} s "
                    f"| {'yes' if ok else 'no'} |")
     out.append(f"\nEach router's view of a replica: {_lag(docs[0]['config'])}, plus its own requests the replica "

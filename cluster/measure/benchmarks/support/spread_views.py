@@ -79,7 +79,8 @@ class RouterViews:
                     rows = (await response.json(content_type=None))["replicas"]
             except Exception:  # noqa: BLE001 - a router not answering is not idle
                 return False
-            if len(rows) < self.num_replicas or any(r["in_flight"] or r["prefill_backlog"] or r.get("running") for r in rows):
+            busy = any(r["in_flight"] or r["prefill_backlog"] or r.get("running") for r in rows)
+            if len(rows) < self.num_replicas or busy:
                 return False
         return True
 

@@ -2,8 +2,9 @@
 
 Read from llm-d/llm-d-inference-scheduler ``pkg/plugins/scorer/precise_prefix_cache.go`` (commit 17abea8a) and
 ``pkg/plugins/scorer/utils.go`` (commit 2202f3ca), with the kv-cache indexer's tier weights (GPU 1.0, CPU 0.8:
-its documented defaults, not read in its source here): per server, the longest run of the prompt's leading blocks it holds in the index its engines' KV events feed, each
-block weighted by its tier (a device block 1.0, a host-tier block past the device prefix 0.8). The raw scores are
+its documented defaults, not read in its source here): per server, the longest run of the prompt's leading blocks it
+holds in the index its engines' KV events feed, each block weighted by its tier (a device block 1.0, a host-tier block
+past the device prefix 0.8). The raw scores are
 then min-max normalised over the servers that match at all (``indexedScoresToNormalizedScoredPods``: the best 1,
 the worst matching one 0, all matching ones 1 when equal, a server matching nothing 0). That is where this
 differs from a share of the request's blocks, as a summary of it may say: the source normalises across servers.
