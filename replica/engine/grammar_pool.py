@@ -238,8 +238,11 @@ class GrammarPool:
                 alive.append(w)
             else:
                 w.kill()  # joins it and closes its pipe
-        missing = self.config.compile_processes - len(alive)
-        return alive + [start_worker(self._info_json, self.config.cache_memory) for _ in range(missing)]
+        if len(alive) < self.config.compile_processes and all(w.ready for w in alive):
+            # One at a time (the next once this one says ready): on a busy machine the first compile waits for one
+            # process's start, not for a share of several starting at once.
+            alive.append(start_worker(self._info_json, self.config.cache_memory))
+        return alive
 
     def _assign(self, workers: list[_Worker]) -> None:
         for w in workers:
