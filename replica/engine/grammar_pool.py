@@ -5,7 +5,7 @@
       │ taken in turns, oldest first within each
       ▼
     compile_processes workers: ``python -m kvmesh.replica.engine.grammar_worker`` (a lean program that loads
-      │ xgrammar's native compiler only: it starts in a tenth of a second of CPU, not seconds)
+      │ xgrammar's native compiler only: it starts in about 0.3 s of CPU, not 5 s)
       │ a job past compile_timeout_s: its worker is killed and replaced, its requests fail
       │ a job whose requests all left (aborted, finished): dequeued, or its worker killed and replaced
       ▼
