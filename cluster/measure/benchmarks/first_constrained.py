@@ -96,21 +96,28 @@ def one_round(kvmesh: str, args) -> dict[str, float]:
             proc.wait()
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    executables = args.kvmesh.split(",")
-    raw: dict[str, list[dict]] = {k: [] for k in executables}
-    for r in range(args.rounds):
-        for kvmesh in executables:  # interleaved: the machine's other load hits each alike
-            raw[kvmesh].append(one_round(kvmesh, args))
-            print(f"round {r} {kvmesh}: {raw[kvmesh][-1]}", flush=True)
-    medians = {k: {m: statistics.median(row[m] for row in rows) for m in rows[0]} for k, rows in raw.items()}
+def write(args, raw: dict[str, list[dict]]) -> dict:
+    """The results file of the rounds so far (written after each: a run stopped midway keeps what it measured)."""
+    medians = {k: {m: statistics.median(row[m] for row in rows) for m in rows[0]} for k, rows in raw.items() if rows}
     results = {"args": vars(args), "cpus": os.cpu_count(), "load_avg_end": os.getloadavg(), "median": medians,
                "raw": raw}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(json.dumps(medians, indent=2))
+    return results
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    executables = args.kvmesh.split(",")
+    raw: dict[str, list[dict]] = {k: [] for k in executables}
+    results: dict = {}
+    for r in range(args.rounds):
+        for kvmesh in executables:  # interleaved: the machine's other load hits each alike
+            raw[kvmesh].append(one_round(kvmesh, args))
+            print(f"round {r} {kvmesh}: {raw[kvmesh][-1]}", flush=True)
+            results = write(args, raw)
+    print(json.dumps(results["median"], indent=2))
     return results
 
 
