@@ -1,5 +1,5 @@
-"""The grammar compile processes of a replica (engine/grammar_pool.py): the children of its multiprocessing fork
-server, read with psutil (tests of compiles stopped, cancelled and gone)."""
+"""The grammar compile processes of a replica (engine/grammar_pool.py): its children running
+engine/grammar_worker.py, read with psutil (tests of compiles stopped, cancelled and gone)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 
 import psutil
+
+WORKER_MODULE = "kvmesh.replica.engine.grammar_worker"
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -16,9 +18,9 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
-def _is_fork_server(p: psutil.Process) -> bool:
+def _is_compile_process(p: psutil.Process) -> bool:
     try:
-        return "multiprocessing.forkserver" in " ".join(p.cmdline())
+        return WORKER_MODULE in p.cmdline()
     except psutil.Error:
         return False
 
@@ -28,7 +30,7 @@ def _descendants(root: psutil.Process) -> list[psutil.Process]:
 
     Not ``Process.children``: it drops a child whose start time reads earlier than its parent's, and both times add
     the kernel's boot time, read afresh each time, which can move by a second between reads. A compile process
-    started within a second of its fork server was then missing now and then."""
+    started within a second of its parent was then missing now and then."""
     by_parent: dict[int, list[psutil.Process]] = {}
     for p in psutil.process_iter(["ppid"]):
         by_parent.setdefault(p.info["ppid"], []).append(p)
@@ -41,10 +43,8 @@ def _descendants(root: psutil.Process) -> list[psutil.Process]:
 
 
 def compile_workers(root: psutil.Process | None = None) -> list[psutil.Process]:
-    """The live compile processes under ``root`` (None: this process): the children of its fork servers."""
-    below = _descendants(root or psutil.Process())
-    servers = {p.pid for p in below if _is_fork_server(p)}
-    return [w for w in below if w.info["ppid"] in servers and _alive(w)]
+    """The live compile processes under ``root`` (None: this process)."""
+    return [w for w in _descendants(root or psutil.Process()) if _is_compile_process(w) and _alive(w)]
 
 
 def busy_seconds(processes: list[psutil.Process]) -> float:

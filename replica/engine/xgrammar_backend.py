@@ -10,13 +10,13 @@ xgrammar is imported lazily: it is in the ``engine`` extra, and only a constrain
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
+from kvmesh.replica.engine.grammar_text import any_whitespace, choice_grammar, json_strings_repaired
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
 
 if TYPE_CHECKING:
@@ -39,35 +39,17 @@ def _xgrammar():
     return xgrammar
 
 
-def error_message(error: Exception) -> str:
-    """xgrammar's message of ``error``, without the C++ source location it starts with."""
+def error_message(error: Exception | str) -> str:
+    """xgrammar's message of ``error`` (or its text), without the C++ source location it starts with."""
     return _LOCATION.sub("", str(error).strip()).strip()
-
-
-def choice_grammar(choices: tuple[str, ...]) -> str:
-    """EBNF of "exactly one of these strings" (each a JSON string literal, which EBNF reads the same way)."""
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
-
-
-_STRING_CHARACTER = r'[^\"\\\r\n]'
-"""The character class xgrammar (0.2) writes for a JSON string with ``minLength``/``maxLength``: unlike its plain
-strings' class it lets control characters through, which JSON forbids unescaped (``json.loads`` refuses the text)."""
-_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
-"""The class of its plain strings: no control character, no quote, no backslash."""
 
 
 def json_schema_grammar(xgr, schema: str, any_whitespace: bool):
     """xgrammar's grammar of ``schema`` whose every string is valid JSON: length-limited strings get the plain
-    strings' character class (a no-op where xgrammar already writes it)."""
+    strings' character class (engine/grammar_text.py; a no-op where xgrammar already writes it)."""
     grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace)
-    ebnf = str(grammar)
-    if _STRING_CHARACTER not in ebnf:
-        return grammar
-    return xgr.Grammar.from_ebnf(ebnf.replace(_STRING_CHARACTER, _JSON_STRING_CHARACTER))
-
-
-def any_whitespace(params: StructuredOutputsParams, default: bool) -> bool:
-    return default if params.disable_any_whitespace is None else not params.disable_any_whitespace
+    repaired = json_strings_repaired(str(grammar))
+    return grammar if repaired is None else xgr.Grammar.from_ebnf(repaired)
 
 
 def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
@@ -104,35 +86,9 @@ def tokenizer_info(tokenizer: HFTokenizer, vocab_size: int, stop_token_ids: list
                                                       stop_token_ids=stop_token_ids or None)
 
 
-def tokenizer_info_from_json(text: str):
-    return _xgrammar().TokenizerInfo.deserialize_json(text)
-
-
 def compiled_from_json(text: str, info):
     """A ``CompiledGrammar`` a compile process sent (``serialize_json``), for ``info``'s tokenizer."""
     return _xgrammar().CompiledGrammar.deserialize_json(text, info)
-
-
-class XgrammarCompiler:
-    """Compiles constraints for one tokenizer (one per compile process, engine/grammar_worker.py)."""
-
-    def __init__(self, info, whitespace_default: bool, cache_limit_bytes: int) -> None:
-        self.whitespace_default = whitespace_default
-        self._compiler = _xgrammar().GrammarCompiler(info, max_threads=1, cache_limit_bytes=cache_limit_bytes)
-
-    def compile(self, params: StructuredOutputsParams):
-        """The compiled grammar (xgrammar's ``CompiledGrammar``)."""
-        c, kind = self._compiler, params.kind
-        if kind == "json":
-            xgr = _xgrammar()
-            return c.compile_grammar(json_schema_grammar(xgr, params.json,
-                                                         any_whitespace(params, self.whitespace_default)))
-        if kind == "json_object":
-            return c.compile_json_schema('{"type": "object"}',
-                                         any_whitespace=any_whitespace(params, self.whitespace_default))
-        if kind == "regex":
-            return c.compile_regex(params.regex)
-        return c.compile_grammar(choice_grammar(params.choice) if kind == "choice" else params.grammar)
 
 
 class GrammarMatcher:
