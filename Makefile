@@ -29,8 +29,9 @@ serve: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
+# --durations: the slowest tests named at the end, where a slow suite is read.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not ray and not live and not slow" $(PYTEST_ARGS)
