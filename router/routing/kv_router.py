@@ -35,7 +35,7 @@ from kvmesh.router.routing.peer_pulls import PeerPulls, PlannedPull
 from kvmesh.router.routing.policies import Choice, NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.pull_planning import PullPlanning
 from kvmesh.router.routing.pulls_landing import PullsLanding
-from kvmesh.router.routing.receipts import Receipts, route_receipt
+from kvmesh.router.routing.receipts import Receipts, RouteReceipt, route_receipt
 from kvmesh.router.routing.routable import RoutableLoads
 from kvmesh.router.routing.route_decision import RouteDecision
 from kvmesh.router.routing.session import SessionConfig, SessionTable
@@ -139,16 +139,24 @@ class KVRouter(EventIntake, PullPlanning):
             pull, not_shared = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now,
                                                      commit)
         t3 = _ns()
-        why = "fallback" if excluded or replica.degraded else "session" if choice.by_session else None
-        receipt = route_receipt(replica, tiers, candidates.loads, num_tokens, session_id, why, estimate,
-                                self.block_size)
-        receipt.kv_not_shared = not_shared
+        receipt = self._receipt(choice, bool(excluded), tiers, candidates, num_tokens, session_id, not_shared)
         return RouteDecision(replica, keys, tiers.either().get(replica.id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
                              pool=pool, decided_at_ns=t0,
                              estimate=estimate if receipt.predicted_ttft_s is not None else None,
                              held_blocks=matched.device.get(replica.id, 0), index_version=version)
+
+    def _receipt(self, choice: Choice, fallback: bool, tiers: TierMatches, candidates: Candidates, num_tokens: int,
+                 session_id: str | None, not_shared: str | None) -> RouteReceipt:
+        """``route``'s receipt: why its replica (a fallback, the session's pin or the policy), what it holds and costs
+        there, and why a replica holding more could not hand its KV over (``not_shared``)."""
+        replica = choice.replica
+        why = "fallback" if fallback or replica.degraded else "session" if choice.by_session else None
+        receipt = route_receipt(replica, tiers, candidates.loads, num_tokens, session_id, why, choice.estimate,
+                                self.block_size)
+        receipt.kv_not_shared = not_shared
+        return receipt
 
     def _credit_and_plan(self, replica: Replica, keys: list[int], tiers: TierMatches, num_tokens: int,
                          excluded: set, pool: frozenset | None, session_id: str | None, now: float | None,
