@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from kvmesh.replica.openai.protocol import MAX_CHOICES
+from kvmesh.replica.openai.sampling_fields import MAX_CHOICES
 
 from . import openai_pair
 from .openai_pair import AUTH

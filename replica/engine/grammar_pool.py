@@ -23,16 +23,15 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.engine.grammar_process import CompileProcess, start_worker
 from kvmesh.replica.engine.grammar_text import compile_job
 from kvmesh.replica.engine.xgrammar_backend import compiled_from_json, error_message
 
@@ -66,43 +65,6 @@ class CompileJob:
         self.future = CompileFuture()
         self.waiters: set[str] = set()
         self.started: float | None = None  # when a worker took it
-
-
-class _Worker:
-    __slots__ = ("process", "conn", "ready", "job")
-
-    def __init__(self, process: subprocess.Popen, conn: Connection) -> None:
-        self.process, self.conn, self.ready, self.job = process, conn, False, None
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def kill(self) -> None:
-        self.process.kill()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:  # unkillable for now (stopped in the kernel): left to its parent-death
-            pass
-        self.conn.close()
-        self.job = None
-
-
-def start_worker(tokenizer_info: str, cache_limit_bytes: int) -> _Worker:
-    """A compile process (engine/grammar_worker.py), sent its tokenizer; it says ``("ready",)`` once it can compile.
-    A plain ``python -m``, not a multiprocessing child: those import the parent's main module again first."""
-    ours, theirs = socket.socketpair()
-    try:
-        process = subprocess.Popen([sys.executable, "-m", "kvmesh.replica.engine.grammar_worker",
-                                    str(theirs.fileno())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                   close_fds=True)
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
-    conn = Connection(ours.detach())
-    conn.send((tokenizer_info, cache_limit_bytes))
-    return _Worker(process, conn)
 
 
 class GrammarPool:
@@ -204,7 +166,7 @@ class GrammarPool:
         return job
 
     def _run(self) -> None:
-        workers: list[_Worker] = []
+        workers: list[CompileProcess] = []
         try:
             while not self._closed:
                 self._stop_overdue(workers)
@@ -231,7 +193,7 @@ class GrammarPool:
                     self._end(job, "cancelled")
                     job.future.cancel()
 
-    def _replace_dead(self, workers: list[_Worker]) -> list[_Worker]:
+    def _replace_dead(self, workers: list[CompileProcess]) -> list[CompileProcess]:
         alive = []
         for w in workers:
             if w.alive():
@@ -244,7 +206,7 @@ class GrammarPool:
             alive.append(start_worker(self._info_json, self.config.cache_memory))
         return alive
 
-    def _assign(self, workers: list[_Worker]) -> None:
+    def _assign(self, workers: list[CompileProcess]) -> None:
         for w in workers:
             if w.ready and w.job is None:
                 with self._lock:
@@ -257,7 +219,7 @@ class GrammarPool:
                 w.job = job
                 w.conn.send((job.id, *compile_job(job.params, self.config.any_whitespace)))
 
-    def _stop_overdue(self, workers: list[_Worker]) -> None:
+    def _stop_overdue(self, workers: list[CompileProcess]) -> None:
         """Kill the workers whose job overran or lost its requests (they are replaced on the next turn)."""
         now, timeout = time.monotonic(), self.config.compile_timeout_s
         for w in workers:
@@ -277,11 +239,11 @@ class GrammarPool:
             else:
                 job.future.cancel()
 
-    def _until_next_deadline(self, workers: list[_Worker]) -> float | None:
+    def _until_next_deadline(self, workers: list[CompileProcess]) -> float | None:
         started = [w.job.started for w in workers if w.job is not None]
         return None if not started else max(0.0, min(started) + self.config.compile_timeout_s - time.monotonic())
 
-    def _receive(self, w: _Worker) -> None:
+    def _receive(self, w: CompileProcess) -> None:
         try:
             message = w.conn.recv()
         except (EOFError, OSError):  # it died (killed from outside, out of memory): replaced on the next turn

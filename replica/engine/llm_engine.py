@@ -15,26 +15,27 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.connector_defaults import default_kv_connectors
 from kvmesh.replica.engine.grammar_refusals import constraint_field, explain_refusal
-from kvmesh.replica.engine.kv_connector import KVConnectorContext, KVConnectorFactory
-from kvmesh.replica.engine.kv_connectors import KVConnectors
+from kvmesh.replica.engine.kv_connector import KVConnectorFactory
 from kvmesh.replica.engine.loras import EngineLoRAs
-from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.engine.request_checks import check_request
 from kvmesh.replica.engine.scheduler import Scheduler
-from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
+from kvmesh.replica.engine.setup import (
+    load_engine_tokenizer,
+    make_engine_drafter,
+    make_event_publisher,
+    make_kv_cache_manager,
+    make_kv_connectors,
+)
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.engine.step_launcher import StepLauncher
 from kvmesh.replica.engine.structured_output import StructuredOutputManager
-from kvmesh.replica.executor.factory import local_draft_model
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
-from kvmesh.replica.spec_decode.config import parse_speculative_config
-from kvmesh.replica.spec_decode.drafting import accept_drafts, make_drafter
+from kvmesh.replica.spec_decode.drafting import accept_drafts
 from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
@@ -78,21 +79,15 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
-        spec = parse_speculative_config(config.speculative_config)  # checked by the config already
-        self.scheduler.drafter = make_drafter(  # speculative decoding (spec_decode/)
-            spec, self.max_model_len, config.seed,
-            lambda: local_draft_model(config, spec, self.vocab_size, self.max_model_len, self.num_kv_blocks),
-            lambda: self.scheduler.running)
+        self.scheduler.drafter = make_engine_drafter(  # speculative decoding (spec_decode/)
+            config, self.vocab_size, self.max_model_len, self.num_kv_blocks, lambda: self.scheduler.running)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)
         self.steps = StepLauncher(config, model_runner, self._stats)  # runs steps, learns their times
         self.prefill_rate, self.decode_step_time = self.steps.prefill_rate, self.steps.decode_step_time
-        context = KVConnectorContext(config, self.kv_cache_manager, model_runner)
-        factories = [OffloadConnector] if self.kv_cache_manager.offload is not None else []
-        factories += default_kv_connectors() if kv_connectors is None else kv_connectors
-        # in this order at every point of the seam (kv_connector.py): the engine thread polls them between steps
-        self.kv_connectors = KVConnectors([make(context) for make in factories])  # and reads their /load fields
+        # the engine thread polls them between steps and reads their /load fields
+        self.kv_connectors = make_kv_connectors(config, self.kv_cache_manager, model_runner, kv_connectors)
         self.scheduler.connector = self.kv_connectors
         self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,

@@ -17,10 +17,11 @@ from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from kvmesh.replica.openai.body import read_request
-from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.replica.openai.refused_fields import RENDER_ONLY, refuse_unimplemented
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.openai.responses import DetokenizeResponse, RenderedRequest, TokenizeResponse, random_id
+from kvmesh.replica.openai.sampling_fields import SamplingFields
 from kvmesh.replica.openai.tokenize_requests import DetokenizeRequest, TokenizeRequest
 from pydantic import JsonValue
 

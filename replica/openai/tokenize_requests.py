@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvmesh.replica.openai.chat_message import ChatMessage
-from kvmesh.replica.openai.protocol import Count, Flag
 from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.openai.sampling_fields import Count, Flag
 from kvmesh.replica.openai.tool_fields import tool_names
 from pydantic import JsonValue
 

@@ -21,7 +21,7 @@ from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
     from fastapi import Request
-    from kvmesh.replica.openai.protocol import SamplingFields
+    from kvmesh.replica.openai.sampling_fields import SamplingFields
     from kvmesh.replica.server.config import ReplicaServerConfig
 
 KV_PATH_PREFIX = "/kv/"

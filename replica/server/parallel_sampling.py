@@ -25,7 +25,7 @@ from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
 
 if TYPE_CHECKING:
-    from kvmesh.replica.openai.protocol import SamplingFields
+    from kvmesh.replica.openai.sampling_fields import SamplingFields
 
 Outputs = AsyncIterator[RequestOutput]
 """One engine request's outputs, its final one last."""

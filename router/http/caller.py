@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.auth import authorization
-from kvmesh.replica.openai.protocol import PRIORITY_LIMIT
+from kvmesh.replica.openai.sampling_fields import PRIORITY_LIMIT
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:

@@ -23,7 +23,6 @@ splice is found. A router without a tokenizer passes the new replica's text on i
 
 from __future__ import annotations
 
-import re
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -42,38 +41,22 @@ from kvmesh.replica.openai.responses import (
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 from kvmesh.router.http.continuation import SplicedLogprobs, continuation_body
 from kvmesh.router.http.failures import request_error_event
+from kvmesh.router.http.sse_events import (
+    DATA,
+    DONE,
+    FINISH,
+    NO_TEXT,
+    PROMPT_IDS,
+    SSE_FIELDS,
+    TOKEN_IDS,
+    id_list,
+)
 
 if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.routing.model_pools import ModelPool
-
-DATA, DONE = b"data: ", b"data: [DONE]"
-_TOKEN_IDS = re.compile(rb',\s*"token_ids"\s*:\s*\[([\d,\s]*)\]')
-_PROMPT_IDS = re.compile(rb',\s*"prompt_token_ids"\s*:\s*\[([\d,\s]*)\]')
-_FINISH = re.compile(rb'"finish_reason"\s*:\s*"(\w+)"')
-_SSE_FIELDS = (b":", b"event:", b"id:", b"retry:")
-"""How an SSE event that carries no data may begin (a comment, or one of the other fields)."""
-_NO_TEXT = re.compile(rb'"delta"\s*:\s*\{\s*"content"\s*:\s*""\s*\}|"text"\s*:\s*""')
-"""A chunk without text: a replica sends one per token that adds none (for its token ids)."""
-# A JSON string cannot hold an unescaped quote, so these patterns only ever match the real fields.
-
-
-def _ints(raw: bytes) -> list[int]:
-    return [int(x) for x in raw.split(b",") if x.strip()]
-
-
-class SseSplitter:
-    """Cuts a byte stream into whole server-sent events (returned without their blank-line terminator)."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        *events, self._buf = (self._buf + data).split(b"\n\n")
-        return events
-
 
 class MigratingStream:
     """One client stream: what went out, and how to continue it elsewhere when its replica fails."""
@@ -130,7 +113,7 @@ class MigratingStream:
     def relay(self, event: bytes) -> bytes | None:
         """The client's copy of one event of the first replica (its token ids cut out), None to hold it."""
         if not event.startswith(DATA):
-            if event.startswith(_SSE_FIELDS):
+            if event.startswith(SSE_FIELDS):
                 return event + b"\n\n"
             return self._invalid(event)
         if event.startswith(DONE):
@@ -144,15 +127,15 @@ class MigratingStream:
                 return event + b"\n\n"
             self.broken = f"sent an error: {event[len(DATA):][:300].decode(errors='replace')}"
             return None
-        finish = _FINISH.search(event)
+        finish = FINISH.search(event)
         if finish is not None and finish.group(1) == b"abort":
             self.broken = "aborted the request (shutting down)"
             return None
         if not self.sent:
             self._first_chunk(event)
-        found = _TOKEN_IDS.search(event)
+        found = TOKEN_IDS.search(event)
         if found is not None:
-            ids = _ints(found.group(1))
+            ids = id_list(found.group(1))
             self.steps.append(ids)
             self.num_output += len(ids)
             if not self.client_ids:
@@ -162,13 +145,13 @@ class MigratingStream:
         else:
             self.ids_known = False
         if not self.client_ids and b"prompt_token_ids" in event:
-            event = _PROMPT_IDS.sub(b"", event, count=1)
+            event = PROMPT_IDS.sub(b"", event, count=1)
         if finish is not None:
             self.finish_reason = cast(FinishReason, finish.group(1).decode())  # pydantic checks it in a chunk
         if self.logprobs is not None:
             self._relayed_logprobs(event)
         self.sent = True
-        if finish is None and not self.client_ids and _NO_TEXT.search(event) and b'"logprobs":null' in event:
+        if finish is None and not self.client_ids and NO_TEXT.search(event) and b'"logprobs":null' in event:
             return None  # only its token ids made it a chunk, and the client asked for none (vLLM sends none)
         return event + b"\n\n"
 

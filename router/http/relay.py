@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from kvmesh.replica.serving.errors import ProtocolError, error_body, log_failure
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
-from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
+from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.sse_events import DONE, SseSplitter
 from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
 from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.kv_router import RouteDecision

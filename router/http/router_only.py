@@ -26,7 +26,7 @@ from kvmesh.replica.openai.router_booking import ROUTER_HEADER
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
-    from kvmesh.replica.openai.protocol import SamplingFields
+    from kvmesh.replica.openai.sampling_fields import SamplingFields
     from kvmesh.router.http.messages import HttpRequest
 
 ROUTER_ONLY = {

@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from kvmesh.replica.engine.grammar_pool import start_worker
+from kvmesh.replica.engine.grammar_process import start_worker
 from kvmesh.replica.engine.grammar_text import compile_job
 from kvmesh.replica.engine.grammar_worker import LeanCompiler, native_api
 from kvmesh.replica.engine.xgrammar_backend import error_message, json_schema_grammar

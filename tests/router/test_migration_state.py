@@ -8,8 +8,9 @@ import msgspec
 import pytest
 from kvmesh.replica.openai.body import parse_body
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
-from kvmesh.router.http.migration import MigratingStream, SseSplitter
+from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.sse_events import SseSplitter
 from kvmesh.router.http.token_forwarding import KVMESH, TEXT
 
 

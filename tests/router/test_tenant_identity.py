@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from kvmesh.replica.openai import protocol
+from kvmesh.replica.openai import protocol, sampling_fields
 from kvmesh.replica.openai.body import parse_body
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.admission.config import AdmissionConfig
@@ -80,7 +80,7 @@ def test_config_refuses_a_shared_floor_worse_than_its_default():
 
 
 def test_priority_outside_the_range_is_a_400_naming_the_field():
-    assert PRIORITY_LIMIT == protocol.PRIORITY_LIMIT  # the router's bound is the OpenAI layer's
+    assert PRIORITY_LIMIT == sampling_fields.PRIORITY_LIMIT  # the router's bound is the OpenAI layer's
     for value in (PRIORITY_LIMIT + 1, -PRIORITY_LIMIT - 1, -10**28, 10**100):
         with pytest.raises(ProtocolError, match="priority") as e:
             parse_body(msgspec.json.encode({"prompt": "x", "priority": value}), protocol.CompletionRequest)

@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from kvmesh.replica.openai.protocol import PRIORITY_LIMIT
+from kvmesh.replica.openai.sampling_fields import PRIORITY_LIMIT
 from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.config import RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer

@@ -31,12 +31,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.benchmarks.support.fake_adapters import FakeAdapters
-from kvmesh.cluster.measure.benchmarks.support.fake_answers import (
-    JSONBody,
-    completion_answer,
-    garbage_answer,
-    json_answer,
-)
+from kvmesh.cluster.measure.benchmarks.support.fake_answers import JSONBody, completion_answer, json_answer
+from kvmesh.cluster.measure.benchmarks.support.fake_delivery import deliver
 from kvmesh.cluster.measure.benchmarks.support.fake_faults import Faults, client_left
 from kvmesh.cluster.measure.benchmarks.support.fake_http import read_request
 from kvmesh.cluster.measure.benchmarks.support.fake_kv_transfer import (
@@ -227,32 +223,7 @@ class FakeReplica:
                                        **({"x-kvmesh-kv-pull": outcome} if outcome else {})})
         if f.grammar_compile_s and body.get("structured_outputs") is not None:
             head = with_headers(head, {"x-kvmesh-grammar-compile-s": f.grammar_compile_s})
-        if f.garbage:
-            writer.write(garbage_answer(bool(body.get("stream"))))
-            await writer.drain()
-            return True
-        if f.cut and not chunks:  # a whole answer: part of its body, then the process dies
-            writer.write(head[:-8])
-            await writer.drain()
-            await asyncio.sleep(0.05)
-            writer.transport.abort()
-            return False
-        writer.write(head)
-        for i, chunk in enumerate(chunks):
-            if f.stall_after and i == f.stall_after:
-                await writer.drain()
-                return not await client_left(reader, 3600)  # stalled: nothing more until the client leaves
-            if f.token_delay:
-                await asyncio.sleep(f.token_delay)
-            writer.write(chunk)
-            if f.cut:
-                await writer.drain()
-                await asyncio.sleep(0.05)  # let the first chunk leave, then die mid-stream
-                writer.transport.abort()
-                return False
-        writer.write(tail)
-        await writer.drain()
-        return True
+        return await deliver(reader, writer, head, chunks, tail, f, bool(body.get("stream")))
 
 
 async def serve(replica: FakeReplica, port: int) -> None:
