@@ -123,3 +123,17 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     main()
+
+
+def table(result: dict) -> str:
+    """The medians as a Markdown table, a row per ``--kvmesh`` executable in the order given (``kvmesh bench
+    report``'s ``first_constrained`` kind); the CPU of the three requests is each round's tree CPU after them less
+    its start CPU, the median over the rounds."""
+    rows = ["| `--kvmesh` | rounds | start CPU | plain | first constrained | second constrained | CPU of the 3 |",
+            "|---|---|---|---|---|---|---|"]
+    for n, (kvmesh, runs) in enumerate(result["raw"].items(), 1):
+        med = result["median"][kvmesh]
+        cpu = statistics.median(r["cpu_after_s"] - r["start_cpu_s"] for r in runs)
+        rows.append(f"| {n} | {len(runs)} | {med['start_cpu_s']:.1f} s | {med['plain_s']:.1f} s "
+                    f"| {med['first_s']:.1f} s | {med['second_s']:.1f} s | {cpu:.1f} s |")
+    return "\n".join(rows) + "\n"

@@ -42,7 +42,7 @@ from pathlib import Path
 from kvmesh.cluster.measure.benchmarks.policy_matrix import count_line, dominance
 
 DOCS = ("README.md", "BENCHMARKS.md", "docs/gpu-cluster.md", "docs/benchmarks/routing-against-peers.md",
-        "docs/multi-host-routers.md")
+        "docs/multi-host-routers.md", "docs/benchmarks/engine-cpu.md")
 """The documents whose tables are generated (a guide holds the ones BENCHMARKS.md points to)."""
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
@@ -205,6 +205,15 @@ def fleet_quota_table(result: dict) -> str:
 
 
 RENDERERS["fleet_quota"] = fleet_quota_table  # kvmesh bench fleet_quota: a tenant's limit through 1, 2, 4 routers
+
+
+def first_constrained_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.first_constrained import table
+
+    return table(result)
+
+
+RENDERERS["first_constrained"] = first_constrained_table  # a replica's first constrained request, build against build
 
 
 def render(text: str, root: Path) -> tuple[str, list[str]]:
