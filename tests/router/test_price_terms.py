@@ -19,6 +19,8 @@ from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.policies import get_policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
+from .helpers import candidates
+
 BS = 16
 MIB = 1 << 20
 STEP = DecodeStepLoad(step_s=0.008, s_per_seq=5e-5, s_per_context_token=4e-8, context_tokens=40_000)
@@ -48,7 +50,7 @@ def both_ways(loads: dict[str, ReplicaLoad], device: dict, host: dict, prompt: i
             if name not in ("watcher", "row", "shared_slot"):
                 setattr(dst, name, getattr(src, name))
     with router.lock:
-        columns = router.candidate_loads(set())
+        columns = router.candidates(set()).loads
     assert type(columns) is CandidateLoads
     return [price_all(given, device, host, prompt, BS, step_tokens, pulls, lora) for given in (loads, columns)]
 
@@ -130,8 +132,8 @@ def test_huge_loads_are_finite_prices_and_the_idle_replica_wins():
         assert np.isfinite(prices.choice[prices.rows]).all()
         assert prices.choice[prices.row_of("idle")] < prices.choice[prices.row_of("huge")]
     choice = get_policy("cache_aware", block_size=BS).decide(list(range(64)), TierMatches({"huge": 60}),
-                                                              {"huge": huge, "idle": idle}, 1024)
-    assert choice.replica_id == "idle"
+                                                              candidates({"huge": huge, "idle": idle}), 1024)
+    assert choice.replica.id == "idle"
 
 
 def test_zero_copy_rates_price_a_load_back_as_recomputing_and_plan_no_pull():

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
@@ -55,17 +56,17 @@ def tree_cpu_s(pid: int) -> float:
 def chat(url: str, max_tokens: int, schema: dict | None) -> float:
     """Wall seconds of one chat request, ``schema`` its json_schema response format (it must answer 200; JSON,
     where it ended by itself)."""
-    import httpx
-
     body = {"model": "s", "messages": [{"role": "user", "content": "Tell me about a person."}],
             "max_tokens": max_tokens, "temperature": 0}
     if schema is not None:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
     start = time.perf_counter()
-    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:  # raises on a status other than 2xx
+        answer = json.loads(response.read())
     seconds = time.perf_counter() - start
-    response.raise_for_status()
-    choice = response.json()["choices"][0]
+    choice = answer["choices"][0]
     if schema is not None and choice["finish_reason"] == "stop":
         json.loads(choice["message"]["content"])
     return seconds
