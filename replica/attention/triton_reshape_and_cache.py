@@ -88,15 +88,13 @@ def _rotary_and_cache_kernel(
     k = k_ptr + token * stride_k_tok + offs_h[:, None] * stride_k_head + offs_d[None, :]
     k1, k2 = _rotated(tl.load(k, mask=mask, other=0.0).to(tl.float32),
                       tl.load(k + HALF, mask=mask, other=0.0).to(tl.float32), cos, sin, dtype)
-    kc = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot + offs_h[:,
-                                                                                  None] * stride_kc_head + offs_d[None,
-                                                                                                                  :]
+    kc = (k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot
+          + offs_h[:, None] * stride_kc_head + offs_d[None, :])
     tl.store(kc, to_cache(k1, k_scale_ptr, k_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
     tl.store(kc + HALF, to_cache(k2, k_scale_ptr, k_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
     v = v_ptr + token * stride_v_tok + offs_h[:, None] * stride_v_head + offs_d[None, :]
-    vc = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot + offs_h[:,
-                                                                                  None] * stride_vc_head + offs_d[None,
-                                                                                                                  :]
+    vc = (v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot
+          + offs_h[:, None] * stride_vc_head + offs_d[None, :])
     tl.store(vc, to_cache(tl.load(v, mask=mask), v_scale_ptr, v_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
     tl.store(vc + HALF, to_cache(tl.load(v + HALF, mask=mask), v_scale_ptr, v_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
 
