@@ -53,6 +53,8 @@ class QuotaSync:
         """No exchange succeeded for ``stale_s``: the buckets refill at 1 / ``alive`` of their rate."""
         self._running: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
+        self._errors_logged: set[str] = set()
+        """Kinds of unexpected exchange errors logged already (each once)."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="kvmesh-quota-sync")
@@ -81,7 +83,18 @@ class QuotaSync:
             self.degraded = True
             self.ledger.degrade(self.alive)
         if self._running is None or self._running.done():
+            self._log_failed(self._running)
             self._running = asyncio.ensure_future(self.exchange())
+
+    def _log_failed(self, done: asyncio.Future | None) -> None:
+        """An exchange that ended in an unexpected error (not ``QuotaUnavailable``) logged, once per kind of
+        error: no exchange succeeds meanwhile, so the split rate after ``stale_s`` covers it."""
+        if done is None or done.cancelled() or (error := done.exception()) is None:
+            return
+        if type(error).__name__ not in self._errors_logged:
+            self._errors_logged.add(type(error).__name__)
+            logger.error("an exchange of tenants' token totals with the other routers failed: %r (each kind of "
+                         "error logged once)", error)
 
     async def exchange(self) -> bool:
         """One exchange (module doc); whether it succeeded."""

@@ -233,3 +233,25 @@ def test_no_exchange_without_a_limit_or_with_fleet_sync_off(tmp_path):
 def test_a_bad_exchange_interval_is_refused_in_the_config(sync_s, stale_s):
     with pytest.raises(ValueError, match="fleet_sync_s"):
         AdmissionConfig(fleet_sync_s=sync_s, fleet_stale_s=stale_s)
+
+
+def test_an_unexpected_exchange_error_is_logged_once_per_kind(caplog):
+    class Broken:
+        def exchange(self, *args):
+            raise ValueError("a row the store cannot read")
+
+        def close(self) -> None:
+            pass
+
+    sync = QuotaSync(FleetLedger(LocalLedger(60.0)), lambda: Broken(), 0.1, 1.0, clock=Clock())
+
+    async def ticks() -> None:
+        for _ in range(3):
+            sync.tick()
+            await asyncio.sleep(0.05)
+        sync.tick()
+
+    with caplog.at_level("ERROR", logger="kvmesh.router.control.quota_sync"):
+        asyncio.run(ticks())
+    logged = [r for r in caplog.records if "a row the store cannot read" in r.getMessage()]
+    assert len(logged) == 1
