@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from . import watchdog
 from .file_order import load_seconds, longest_first
 from .postgres_server import postgres  # noqa: F401 (the fixture: a real PostgreSQL server for the session)
 from .signal_guard import (  # noqa: F401 (the fixtures: autouse)
@@ -128,6 +129,7 @@ def chosen_test_device() -> str:
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(watchdog, "kvmesh-watchdog")  # a hung test named and failed (tests/watchdog.py)
     chosen_test_device()  # a typo is a usage error, with the values that work
     hide_gpus_when_asked()
     config.stash[INHERITED_IGNORED] = started_ignoring()  # test processes (xdist's too) start from this one
