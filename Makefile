@@ -29,12 +29,17 @@ serve: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
+# Python's bytecode cache on for the run, whatever the environment says (PYTHONDONTWRITEBYTECODE set, as some
+# containers do): without it each test process compiles every test module again (pytest's assertion rewrite: about
+# half of collecting) and each server the tests start compiles kvmesh again. The cache goes to __pycache__/ (ignored).
+PYCACHE_ON := PYTHONDONTWRITEBYTECODE=
+
 # --durations: the slowest tests named at the end, where a slow suite is read.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
+	$(PYCACHE_ON) $(BIN)/python -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) -m "not ray and not live and not slow" $(PYTEST_ARGS)
+	$(PYCACHE_ON) $(BIN)/python -m pytest $(XDIST) -m "not ray and not live and not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP) typecheck
 	$(BIN)/ruff check .

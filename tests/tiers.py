@@ -60,7 +60,10 @@ def _fixture_sources(item: pytest.Item):
                 yield fixturedef.func
 
 
+@functools.cache
 def _fixture_starts_server(func) -> bool:
+    """Read once per fixture function: ``inspect.getsource`` costs milliseconds and a suite asks tens of thousands
+    of times (each test, each fixture it uses)."""
     try:
         return LIVE_STARTERS.search(inspect.getsource(func)) is not None
     except (OSError, TypeError):
