@@ -127,33 +127,48 @@ def test_sigterm_to_serve_alone_during_start_up_stops_it_cleanly(after_s, storie
             proc.wait()
 
 
-@pytest.mark.parametrize("signum, code, whom", [(signal.SIGTERM, 143, "group"), (signal.SIGINT, 130, "group"),
-                                                (signal.SIGTERM, 143, "every process")])
-def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(signum, code, whom, stories_path, tmp_path):
+READY_CASES = {"sigterm-group": (signal.SIGTERM, 143, "group"), "sigint-group": (signal.SIGINT, 130, "group"),
+               "sigterm-every-process": (signal.SIGTERM, 143, "every process")}
+"""The signals sent to a ready serve: (signal, exit code, to whom)."""
+
+
+@pytest.fixture(scope="module")
+def ready_serves(stories_path, tmp_path_factory):
+    """One ``kvmesh serve`` per ``READY_CASES`` case, all started at once (each its own Ray and marker): a start is
+    mostly waiting (Ray's processes, the replica's imports), so three side by side take about the wall time of one.
+    Each case's test signals its own; what a failed test left is killed here."""
+    serves = {case: _start_serve(stories_path, tmp_path_factory.mktemp(case.replace(" ", "-")))
+              for case in READY_CASES}
+    yield serves
+    for run, proc in serves.values():
+        for leftover in _processes_of(run):
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("case", READY_CASES)
+def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(case, ready_serves):
     """What `timeout` and a terminal's Ctrl-C do: every process of serve's group gets the signal; and what
     systemd does by default (KillMode=control-group): every process serve started, Ray's too. serve says it
     stopped, exits as a process stopped by that signal, and leaves nothing (Ray's processes, in their own
     session, are stopped by serve; when they got the signal as well, serve no longer waits for their GCS)."""
-    run, proc = _start_serve(stories_path, tmp_path)
-    try:
-        head = _until_line(proc, "kvmesh is ready")
-        assert proc.poll() is None, head[-3000:]
-        if whom == "group":
-            os.killpg(proc.pid, signum)
-        else:
-            for each in _processes_of(run):
-                with contextlib.suppress(psutil.Error):
-                    each.send_signal(signum)
-        out = head + proc.communicate(timeout=60)[0]  # before: Ray ended serve after 60 s
-        assert "Failed to connect to GCS" not in out, out[-3000:]
-        assert out.rstrip().endswith("kvmesh: stopped") and proc.returncode == code, (proc.returncode, out[-3000:])
-        deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
-        while (left := _processes_of(run)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left)
-    finally:
-        for leftover in _processes_of(run):
-            leftover.kill()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    signum, code, whom = READY_CASES[case]
+    run, proc = ready_serves[case]
+    head = _until_line(proc, "kvmesh is ready")
+    assert proc.poll() is None, head[-3000:]
+    if whom == "group":
+        os.killpg(proc.pid, signum)
+    else:
+        for each in _processes_of(run):
+            with contextlib.suppress(psutil.Error):
+                each.send_signal(signum)
+    out = head + proc.communicate(timeout=60)[0]  # before: Ray ended serve after 60 s
+    assert "Failed to connect to GCS" not in out, out[-3000:]
+    assert out.rstrip().endswith("kvmesh: stopped") and proc.returncode == code, (proc.returncode, out[-3000:])
+    deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
+    while (left := _processes_of(run)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left)
