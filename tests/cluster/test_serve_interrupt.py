@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -73,58 +74,120 @@ def _until_line(proc: subprocess.Popen, text: str) -> str:
     return "".join(lines)
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_ctrl_c_during_start_up_leaves_no_process(stage, stories_path, tmp_path):
+def _left_behind(run: str) -> list[psutil.Process]:
+    """The run's processes still there after a moment (what was killed last may take a moment to be reaped)."""
+    deadline = time.monotonic() + 10
+    while (left := _processes_of(run)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _kill_what_is_left(run: str, proc: subprocess.Popen) -> None:
+    for leftover in _processes_of(run):
+        with contextlib.suppress(psutil.Error):
+            leftover.kill()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _describe(left: list[psutil.Process]) -> str:
+    return "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left)
+
+
+def test_ctrl_c_during_start_up_imports_leaves_no_process(stories_path, tmp_path):
     run, proc = _start_serve(stories_path, tmp_path)
     try:
-        head = ""
-        if STAGES[stage] is None:
-            time.sleep(1)  # the moment under test: Ctrl-C 1 s in, before serve printed a line
-        else:
-            head = _until_line(proc, STAGES[stage])
-            assert proc.poll() is None, head[-3000:]
+        time.sleep(1)  # the moment under test: Ctrl-C 1 s in, before serve printed a line
         os.killpg(proc.pid, signal.SIGINT)
-        out = head + proc.communicate(timeout=60)[0]
-        deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
-        while (left := _processes_of(run)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, (f"Ctrl-C at start-up's {stage} left: "
-                          + "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left) + "\n" + out[-2000:])
+        out = proc.communicate(timeout=60)[0]
+        left = _left_behind(run)
+        assert not left, "Ctrl-C at start-up's imports left: " + _describe(left) + "\n" + out[-2000:]
         # Python itself prints an interrupt that lands in an os.fork hook ("Exception ignored in"); no other
         assert out.count("Traceback (most recent call last)") <= out.count("Exception ignored in"), out[-3000:]
         assert not list((tmp_path / "clusters").glob("*.json")), "the stopped cluster's admin key record stayed"
     finally:
-        for leftover in _processes_of(run):
-            leftover.kill()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill_what_is_left(run, proc)
 
 
-@pytest.mark.parametrize("after_s", [0.5, 4])
-def test_sigterm_to_serve_alone_during_start_up_stops_it_cleanly(after_s, stories_path, tmp_path):
-    """``kill PID`` (SIGTERM to serve alone: what a supervisor or a user's ``kill`` sends) ``after_s`` after Ray
+EARLY_CASES = {"ctrl-c-ray": ("ray", 0.0, signal.SIGINT, 60), "ctrl-c-placing": ("placing", 0.0, signal.SIGINT, 60),
+               "sigterm-0.5s-into-ray": ("ray", 0.5, signal.SIGTERM, 45),
+               "sigterm-4s-into-ray": ("ray", 4.0, signal.SIGTERM, 45)}
+"""Signals during start-up, each the moment serve prints its ``STAGES`` line (plus a delay): (stage, delay s,
+signal, seconds serve may take to stop). SIGINT goes to serve's process group (a terminal's Ctrl-C), SIGTERM to
+serve alone (a supervisor's or a user's ``kill PID``)."""
+
+
+def _signal_at_stage(proc: subprocess.Popen, case: str) -> tuple[bool, str]:
+    """Wait for ``case``'s moment, send its signal, let serve stop: (serve was alive at that moment, its output)."""
+    stage, after_s, signum, stop_s = EARLY_CASES[case]
+    head = _until_line(proc, STAGES[stage])
+    alive = proc.poll() is None
+    if alive:
+        time.sleep(after_s)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+    return alive, head + proc.communicate(timeout=stop_s)[0]
+
+
+@pytest.fixture(scope="module")
+def early_stops(stories_path, tmp_path_factory):
+    """Every ``EARLY_CASES`` case on a serve of its own, all started at once, each watched by a thread that signals
+    it the moment its line appears (so each signal still lands in its stage): a start is mostly waiting (Ray's
+    processes, the replica's imports), so side by side they take about the wall time of the longest.
+    {case: (run, process, its tmp dir, (alive, output) or the exception)}."""
+    started = {}
+    for case in EARLY_CASES:
+        tmp = tmp_path_factory.mktemp(case)
+        started[case] = (*_start_serve(stories_path, tmp), tmp)
+    outcomes: dict[str, object] = {}
+
+    def watch(case: str) -> None:
+        try:
+            outcomes[case] = _signal_at_stage(started[case][1], case)
+        except Exception as e:  # the test of that case reports it
+            outcomes[case] = e
+
+    threads = [threading.Thread(target=watch, args=(case,), daemon=True) for case in EARLY_CASES]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    yield {case: (*started[case], outcomes.get(case, "no outcome within 240 s")) for case in EARLY_CASES}
+    for run, proc, _ in started.values():
+        _kill_what_is_left(run, proc)
+
+
+def _stopped(early_stops, case: str) -> tuple[str, subprocess.Popen, Path, str]:
+    run, proc, tmp, outcome = early_stops[case]
+    assert isinstance(outcome, tuple), f"{case}: {outcome!r}"
+    alive, out = outcome
+    assert alive, f"serve ended before {case}'s moment:\n{out[-3000:]}"
+    return run, proc, tmp, out
+
+
+@pytest.mark.parametrize("case", ["ctrl-c-ray", "ctrl-c-placing"])
+def test_ctrl_c_during_start_up_leaves_no_process(case, early_stops):
+    run, proc, tmp, out = _stopped(early_stops, case)
+    left = _left_behind(run)
+    assert not left, f"{case} left: " + _describe(left) + "\n" + out[-2000:]
+    # Python itself prints an interrupt that lands in an os.fork hook ("Exception ignored in"); no other
+    assert out.count("Traceback (most recent call last)") <= out.count("Exception ignored in"), out[-3000:]
+    assert not list((tmp / "clusters").glob("*.json")), "the stopped cluster's admin key record stayed"
+
+
+@pytest.mark.parametrize("case", ["sigterm-0.5s-into-ray", "sigterm-4s-into-ray"])
+def test_sigterm_to_serve_alone_during_start_up_stops_it_cleanly(case, early_stops):
+    """``kill PID`` (SIGTERM to serve alone: what a supervisor or a user's ``kill`` sends) 0.5 s or 4 s after Ray
     began to start -- Ray starting, or the replica loading -- stops serve as Ctrl-C does: its shutdown message, exit
     143, within the time bound, nothing left behind (Ray's own SIGTERM handler does not take over)."""
-    run, proc = _start_serve(stories_path, tmp_path)
-    try:
-        head = _until_line(proc, STAGES["ray"])  # until Ray begins to start (or serve ends)
-        time.sleep(after_s)
-        proc.send_signal(signal.SIGTERM)
-        out = head + proc.communicate(timeout=45)[0]
-        deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
-        while (left := _processes_of(run)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, (f"SIGTERM {after_s}s into Ray's start left: "
-                          + "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left) + "\n" + out[-2000:])
-        assert proc.returncode == 143 and "shutting down..." in out and out.rstrip().endswith("kvmesh: stopped"), \
-            (proc.returncode, out[-3000:])
-    finally:
-        for leftover in _processes_of(run):
-            leftover.kill()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    run, proc, _, out = _stopped(early_stops, case)
+    left = _left_behind(run)
+    assert not left, f"{case} left: " + _describe(left) + "\n" + out[-2000:]
+    assert proc.returncode == 143 and "shutting down..." in out and out.rstrip().endswith("kvmesh: stopped"), \
+        (proc.returncode, out[-3000:])
 
 
 READY_CASES = {"sigterm-group": (signal.SIGTERM, 143, "group"), "sigint-group": (signal.SIGINT, 130, "group"),
@@ -141,12 +204,7 @@ def ready_serves(stories_path, tmp_path_factory):
               for case in READY_CASES}
     yield serves
     for run, proc in serves.values():
-        for leftover in _processes_of(run):
-            with contextlib.suppress(psutil.Error):
-                leftover.kill()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill_what_is_left(run, proc)
 
 
 @pytest.mark.parametrize("case", READY_CASES)
@@ -168,7 +226,5 @@ def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(case, r
     out = head + proc.communicate(timeout=60)[0]  # before: Ray ended serve after 60 s
     assert "Failed to connect to GCS" not in out, out[-3000:]
     assert out.rstrip().endswith("kvmesh: stopped") and proc.returncode == code, (proc.returncode, out[-3000:])
-    deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
-    while (left := _processes_of(run)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left)
+    left = _left_behind(run)
+    assert not left, _describe(left)
