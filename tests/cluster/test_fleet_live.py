@@ -84,6 +84,8 @@ def test_scale_to_two_through_the_admin_api(cluster):
 
 
 def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_recovers(cluster):
+    # Long by nature: a rollout starts its 2 new replicas one after the other (each a fresh Ray worker importing torch
+    # and transformers), and the hit rate is measured for 5 s before it and 8 s after it.
     httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=admin_headers(cluster), timeout=10)
     wait_fleet(cluster, lambda s: fleet_idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
     before = {h.actor._actor_id.hex() for h in cluster.state.replicas}
