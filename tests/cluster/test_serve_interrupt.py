@@ -134,14 +134,11 @@ def _signal_at_stage(proc: subprocess.Popen, case: str) -> tuple[bool, str]:
 
 @pytest.fixture(scope="module")
 def early_stops(stories_path, tmp_path_factory):
-    """Every ``EARLY_CASES`` case on a serve of its own, all started at once, each watched by a thread that signals
-    it the moment its line appears (so each signal still lands in its stage): a start is mostly waiting (Ray's
-    processes, the replica's imports), so side by side they take about the wall time of the longest.
-    {case: (run, process, its tmp dir, (alive, output) or the exception)}."""
-    started = {}
-    for case in EARLY_CASES:
-        tmp = tmp_path_factory.mktemp(case)
-        started[case] = (*_start_serve(stories_path, tmp), tmp)
+    """Every ``EARLY_CASES`` case on a serve of its own, each watched by a thread that signals it the moment its line
+    appears (so each signal still lands in its stage). The case that waits for Ray to be up runs first, alone (Ray
+    gives a raylet a fixed 30 s to register: one full Ray start at a time on a loaded machine); the cases that stop
+    Ray as it starts then run side by side. {case: (run, process, its tmp dir, (alive, output) or the exception)}."""
+    started: dict[str, tuple] = {}
     outcomes: dict[str, object] = {}
 
     def watch(case: str) -> None:
@@ -150,11 +147,16 @@ def early_stops(stories_path, tmp_path_factory):
         except Exception as e:  # the test of that case reports it
             outcomes[case] = e
 
-    threads = [threading.Thread(target=watch, args=(case,), daemon=True) for case in EARLY_CASES]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=240)
+    for wave in ([c for c in EARLY_CASES if EARLY_CASES[c][0] == "placing"],
+                 [c for c in EARLY_CASES if EARLY_CASES[c][0] != "placing"]):
+        threads = []
+        for case in wave:
+            tmp = tmp_path_factory.mktemp(case)
+            started[case] = (*_start_serve(stories_path, tmp), tmp)
+            threads.append(threading.Thread(target=watch, args=(case,), daemon=True))
+            threads[-1].start()
+        for thread in threads:
+            thread.join(timeout=240)
     yield {case: (*started[case], outcomes.get(case, "no outcome within 240 s")) for case in EARLY_CASES}
     for run, proc, _ in started.values():
         _kill_what_is_left(run, proc)
@@ -197,13 +199,16 @@ READY_CASES = {"sigterm-group": (signal.SIGTERM, 143, "group"), "sigint-group": 
 
 @pytest.fixture(scope="module")
 def ready_serves(stories_path, tmp_path_factory):
-    """One ``kvmesh serve`` per ``READY_CASES`` case, all started at once (each its own Ray and marker): a start is
-    mostly waiting (Ray's processes, the replica's imports), so three side by side take about the wall time of one.
-    Each case's test signals its own; what a failed test left is killed here."""
-    serves = {case: _start_serve(stories_path, tmp_path_factory.mktemp(case.replace(" ", "-")))
-              for case in READY_CASES}
+    """One ``kvmesh serve`` per ``READY_CASES`` case, each its own Ray and marker, started one after another's Ray is
+    up (Ray gives a raylet a fixed 30 s to register: one Ray start at a time on a loaded machine), so their replicas
+    load side by side. {case: (run, process, its output so far)}; each case's test signals its own, and what a failed
+    test left is killed here."""
+    serves = {}
+    for case in READY_CASES:
+        run, proc = _start_serve(stories_path, tmp_path_factory.mktemp(case))
+        serves[case] = (run, proc, _until_line(proc, STAGES["placing"]))
     yield serves
-    for run, proc in serves.values():
+    for run, proc, _ in serves.values():
         _kill_what_is_left(run, proc)
 
 
@@ -214,8 +219,8 @@ def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(case, r
     stopped, exits as a process stopped by that signal, and leaves nothing (Ray's processes, in their own
     session, are stopped by serve; when they got the signal as well, serve no longer waits for their GCS)."""
     signum, code, whom = READY_CASES[case]
-    run, proc = ready_serves[case]
-    head = _until_line(proc, "kvmesh is ready")
+    run, proc, head = ready_serves[case]
+    head += _until_line(proc, "kvmesh is ready")
     assert proc.poll() is None, head[-3000:]
     if whom == "group":
         os.killpg(proc.pid, signum)
