@@ -1,7 +1,8 @@
 """A live cluster of stories260K replicas changed under traffic, one Ray for the session.
 
-Module order: scale up by the admin API, drain a replica with streams in flight, a rolling restart
-under constant load; then a second cluster whose autoscaler follows a load that rises and stops.
+Module order: scale up by the admin API, a rolling restart of those 2 replicas under constant load, then drain
+one of them with streams in flight (so one scale-up serves both); then a second cluster whose autoscaler follows a
+load that rises and stops.
 Every load is bounded (threads with a deadline) and every request must succeed.
 """
 
@@ -82,28 +83,9 @@ def test_scale_to_two_through_the_admin_api(cluster):
     assert "allowed 1..8 (what the Ray cluster's nodes hold" in too_many.json()["error"]["message"]
 
 
-def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
-    load = Load(cluster.url, cluster.state.served_model_name, clients=4, max_tokens=96).start()
-    try:
-        deadline = time.monotonic() + 60
-        busy = None
-        while busy is None and time.monotonic() < deadline:
-            rows = httpx.get(cluster.url + "/replicas", headers=admin_headers(cluster), timeout=10).json()["replicas"]
-            busy = next((r["id"] for r in rows if r["in_flight"] > 0), None)
-        assert busy, "no request in flight"
-        r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=admin_headers(cluster), timeout=10)
-        assert r.status_code == 200 and r.json()["in_flight"] > 0 and r.json()["will_be_removed"], r.text
-        assert r.json()["target"] == 1, r.text  # a drain lowers the target for good, and says so
-        wait_fleet(cluster, lambda s: fleet_idle(s) and busy not in s["replicas"], 120, f"{busy} removed")
-    finally:
-        outcomes = load.stop()
-    assert outcomes and not load.failures, load.failures[:3]
-    assert any(f"{busy} drained" in m and "0 request(s) in flight" not in m for m in cluster.messages)
-    index = cluster.state.router.runtime.router.index
-    assert busy not in index.replica_ids and busy not in cluster.state.router.runtime.replicas
-
-
 def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_recovers(cluster):
+    # Long by nature: a rollout starts its 2 new replicas one after the other (each a fresh Ray worker importing torch
+    # and transformers), and the hit rate is measured for 5 s before it and 8 s after it.
     httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=admin_headers(cluster), timeout=10)
     wait_fleet(cluster, lambda s: fleet_idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
     before = {h.actor._actor_id.hex() for h in cluster.state.replicas}
@@ -142,6 +124,27 @@ def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_reco
     print(f"\nrollout of 2 replicas: {t_end - t_start:.1f}s, {len(outcomes)} requests, 0 failed; hit rate "
           f"{before_rate:.0%} before, {after:.0%} after; back to 90% of before {recovered}s after the rollout ended")
     assert after >= 0.8 * before_rate, (before_rate, after)
+
+
+def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
+    load = Load(cluster.url, cluster.state.served_model_name, clients=4, max_tokens=96).start()
+    try:
+        deadline = time.monotonic() + 60
+        busy = None
+        while busy is None and time.monotonic() < deadline:
+            rows = httpx.get(cluster.url + "/replicas", headers=admin_headers(cluster), timeout=10).json()["replicas"]
+            busy = next((r["id"] for r in rows if r["in_flight"] > 0), None)
+        assert busy, "no request in flight"
+        r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=admin_headers(cluster), timeout=10)
+        assert r.status_code == 200 and r.json()["in_flight"] > 0 and r.json()["will_be_removed"], r.text
+        assert r.json()["target"] == 1, r.text  # a drain lowers the target for good, and says so
+        wait_fleet(cluster, lambda s: fleet_idle(s) and busy not in s["replicas"], 120, f"{busy} removed")
+    finally:
+        outcomes = load.stop()
+    assert outcomes and not load.failures, load.failures[:3]
+    assert any(f"{busy} drained" in m and "0 request(s) in flight" not in m for m in cluster.messages)
+    index = cluster.state.router.runtime.router.index
+    assert busy not in index.replica_ids and busy not in cluster.state.router.runtime.replicas
 
 
 @pytest.fixture(scope="module")
