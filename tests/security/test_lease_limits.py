@@ -19,7 +19,9 @@ import pytest
 from . import names
 from .harness import BLOCK, DECODE, timed, unseen_text
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.parametrize("kv_cluster", ["api_key"], indirect=True)]
+"""One of conftest.py's clusters: the caps are the decode replica's, reached with the cluster's key whatever the
+router asks of tenants (the victim's request carries the tenants' key), so the open one would run the same code."""
 
 CACHED_PROMPTS = 6
 """Distinct 30-block prompts a flood leases, cycled: about 180 of the pool's 200 blocks."""
