@@ -24,6 +24,9 @@ COMMAND_TIMEOUT_S = 180
 """A guide's command here takes seconds; bench compare-policies, the longest, ran past 60 s once with the machine busy
 with other test processes."""
 SERVE_READY_TIMEOUT_S = 120
+WORKLOAD_CUT = {"KVMESH_WORKLOAD_NUM_REQUESTS": "8", "KVMESH_WORKLOAD_MAX_TOKENS": "8"}
+"""``kvmesh bench load`` and ``compare-policies`` send 8 requests of 8 tokens (their defaults 64 of 32: compare-policies
+alone sent 768 through the CPU replicas), as their guide says its tests run them."""
 GUIDE_PORT = 8000
 """The router port the guides' commands name (127.0.0.1:8000, localhost:8000); the test's serve takes a free one
 and the commands are pointed at it."""
@@ -54,7 +57,7 @@ def guide_cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("serve")
     port = _free_port()
     env = command_environment(BIN, KVMESH_CLUSTERS_DIR=str(home / "clusters"), KVMESH_CACHE_DIR=str(home / "cache"),
-                              KVMESH_RESULTS_DIR=str(home / "results"))
+                              KVMESH_RESULTS_DIR=str(home / "results"), **WORKLOAD_CUT)
     env.pop("RAY_ADDRESS", None)
     log_path = home / "serve.log"
     with log_path.open("w") as log:
@@ -78,6 +81,13 @@ def guide_cluster(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def test_the_workload_cut_the_benches_run_with_is_the_one_their_guide_names():
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "benchmarks-and-simulator.md").read_text()
+    assert all(f"`{name}=N`" in guide for name in WORKLOAD_CUT)
+    assert len(set(WORKLOAD_CUT.values())) == 1 and f"send {WORKLOAD_CUT['KVMESH_WORKLOAD_MAX_TOKENS']} of " \
+        f"{WORKLOAD_CUT['KVMESH_WORKLOAD_MAX_TOKENS']})" in guide
 
 
 def test_live_blocks_against_kvmesh_serve(guide_cluster, tmp_path):

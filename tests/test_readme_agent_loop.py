@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import subprocess
 
+import pytest
+
 from .docs_commands import blocks
 from .test_docs_commands_live import guide_cluster, on_port
 from .test_responses_agents import agents_python
@@ -22,8 +24,14 @@ def readme_agent_block() -> str:
     return found[0].text
 
 
-def test_the_readmes_agent_loop_runs_as_written(guide_cluster, tmp_path):
-    python = agents_python()
+@pytest.fixture(scope="module")
+def agents() -> str:
+    """The SDK's python, found (or the skip) before ``guide_cluster`` starts a ``kvmesh serve`` for nothing."""
+    return agents_python()
+
+
+def test_the_readmes_agent_loop_runs_as_written(agents, guide_cluster, tmp_path):
+    python = agents
     port, env = guide_cluster
     script = tmp_path / "agent.py"
     script.write_text(on_port(readme_agent_block(), port))
