@@ -83,6 +83,7 @@ def test_scale_to_two_through_the_admin_api(cluster):
     assert "allowed 1..8 (what the Ray cluster's nodes hold" in too_many.json()["error"]["message"]
 
 
+@pytest.mark.timeout(600)  # three replica starts in a row: ~130 s on 2 idle cores, near 300 on busy ones
 def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_recovers(cluster):
     # Long by nature: a rollout starts its 2 new replicas one after the other (each a fresh Ray worker importing torch
     # and transformers), and the hit rate is measured for 5 s before it and 8 s after it.
@@ -159,6 +160,7 @@ def autoscaled(ray_session, stories_path, tmp_path_factory, cluster):
     serve.stop()
 
 
+@pytest.mark.timeout(600)  # up to three replicas and back: ~70 s on 2 idle cores, past 300 on busy ones
 def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeypatch, capsys):
     cluster = autoscaled
     t0 = time.monotonic()
