@@ -20,6 +20,7 @@ import pytest
 
 from . import watchdog
 from .file_order import load_seconds, longest_first
+from .httpx_tls import share_default_tls_contexts
 from .postgres_server import postgres  # noqa: F401 (the fixture: a real PostgreSQL server for the session)
 from .signal_guard import (  # noqa: F401 (the fixtures: autouse)
     signal_dispositions_kept,
@@ -37,6 +38,7 @@ def hide_gpus_when_asked() -> None:
 
 
 hide_gpus_when_asked()
+share_default_tls_contexts()  # httpx.get/post in tests: one CA bundle load, not one per call (tests/httpx_tls.py)
 
 
 def _has_cuda_device() -> bool:
