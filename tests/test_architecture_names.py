@@ -4,6 +4,8 @@ given whole from the root or as the tail of one (``engine/async_llm.py`` inside 
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from pathlib import Path
 
@@ -19,15 +21,27 @@ PATH = re.compile(r"(?<![\w/.~-])((?:[A-Za-z_][\w.-]*/)*[A-Za-z_][\w-]*\.(?:py|c
 """A file with an extension (after any folders), or a folder path ending in ``/`` (``I/O`` is no path)."""
 
 
+def _skipped(name: str) -> bool:
+    return name in SKIPPED_DIRS or name.endswith(".egg-info")
+
+
 def repo_paths(root: Path = REPO) -> set[str]:
-    """Every file and folder under ``root``, as posix paths relative to it (folders with a trailing ``/``)."""
+    """Every file and folder under ``root``, as posix paths relative to it (folders with a trailing ``/``); the
+    skipped folders are not walked into (.venv alone holds most of the tree's files)."""
     paths = set()
-    for path in root.rglob("*"):
-        parts = path.relative_to(root).parts
-        if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in parts):
-            continue
-        paths.add("/".join(parts) + ("/" if path.is_dir() else ""))
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not _skipped(d)]
+        rel = Path(folder).relative_to(root).as_posix()
+        prefix = "" if rel == "." else rel + "/"
+        paths.update(prefix + d + "/" for d in dirs)
+        paths.update(prefix + f for f in files if not _skipped(f))
     return paths
+
+
+@functools.cache
+def _checkout_paths() -> frozenset[str]:
+    """The repository's paths, walked once for every page."""
+    return frozenset(repo_paths())
 
 
 def named_paths(text: str) -> set[str]:
@@ -44,14 +58,14 @@ def test_architecture_names_only_existing_rooms_and_files():
     text = ARCHITECTURE.read_text()
     # the map names the code it describes
     assert len(named_paths(text)) >= 5
-    assert missing(text, repo_paths()) == []
+    assert missing(text, _checkout_paths()) == []
 
 
 @pytest.mark.parametrize("page", INTERNALS, ids=lambda p: p.name)
 def test_internals_pages_name_only_existing_rooms_and_files(page):
     text = page.read_text()
     assert len(named_paths(text)) >= 5  # a page of the map names the code it describes
-    assert missing(text, repo_paths()) == []
+    assert missing(text, _checkout_paths()) == []
 
 
 def test_a_room_or_file_that_is_gone_is_reported(tmp_path):

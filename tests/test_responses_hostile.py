@@ -3,16 +3,16 @@ never a 5xx (the strategies of tests/test_hostile_bodies.py, with the Responses 
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from . import openai_pair
 from .openai_pair import AUTH
-from .test_hostile_bodies import anything, encode, message, nasty_float, nasty_int, nasty_text, raw_body
+from .test_hostile_bodies import anything, encode, fresh_client, message, nasty_float, nasty_int, nasty_text, raw_body
 
-pair = openai_pair.pair  # the fixture
+pair = openai_pair.pair  # the fixtures
+fresh_client = fresh_client
 
 item = st.fixed_dictionaries({}, optional={
     "type": st.one_of(st.sampled_from(["message", "function_call", "function_call_output", "reasoning"]), nasty_text),
@@ -43,15 +43,14 @@ def one_bad_field():
 @given(body=st.one_of(raw_body, one_bad_field(), st.fixed_dictionaries(
     {"max_output_tokens": st.integers(1, 3)}, optional={k: v for k, v in fields.items() if k != "max_output_tokens"}
 ).map(encode)), stream=st.booleans())
-def test_no_hostile_responses_body_gets_a_5xx(pair, body, stream):
+def test_no_hostile_responses_body_gets_a_5xx(pair, fresh_client, body, stream):
     for url in pair:
-        with httpx.Client(timeout=60) as client:
-            if stream:
-                with client.stream("POST", url + "/v1/responses", content=body, headers=AUTH) as r:
-                    text = r.read().decode("utf-8", "replace")
-            else:
-                r = client.post(url + "/v1/responses", content=body, headers=AUTH)
-                text = r.text
+        if stream:
+            with fresh_client.stream("POST", url + "/v1/responses", content=body, headers=AUTH) as r:
+                text = r.read().decode("utf-8", "replace")
+        else:
+            r = fresh_client.post(url + "/v1/responses", content=body, headers=AUTH)
+            text = r.text
         assert r.status_code < 500, (url, body[:300], text[:500])
         assert '"code":5' not in text.replace(" ", "") and "server_error" not in text, (url, body[:300], text[:500])
         if r.status_code >= 400:

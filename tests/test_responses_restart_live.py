@@ -59,9 +59,17 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> RouterProcess:
+        return self.launch().wait_routing()
+
+    def launch(self) -> RouterProcess:
+        """Start the process; returns at once (``wait_routing`` waits until it routes)."""
         self.proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.cli", "router", "--config", self.config,
                                       "--port", str(self.port), "--replica", self.spec],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def wait_routing(self) -> RouterProcess:
+        assert self.proc is not None
         deadline = time.monotonic() + 120
         while not self._routes():
             assert self.proc.poll() is None, f"the router exited with {self.proc.returncode}"
@@ -122,7 +130,8 @@ def test_a_conversation_survives_a_killed_router_and_is_every_routers(database, 
     spec = f"{replica.http.url},events={endpoints['events_endpoint']},replay={endpoints['replay_endpoint']}"
     a, b = RouterProcess(config, spec), RouterProcess(config, spec)
     try:
-        a.start(), b.start()
+        a.launch(), b.launch()  # both start up at once
+        a.wait_routing(), b.wait_routing()
         first = turn(a, STORY)
         second = turn(b, "What did Lily do next?", first["id"])
         assert second["usage"]["input_tokens_details"]["cached_tokens"] > 0

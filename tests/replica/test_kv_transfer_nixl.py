@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from kvmesh.cluster.measure.benchmarks.support.kv_peer import HolderSpec, receive_holder, start_holder
@@ -27,16 +29,32 @@ SEED = "shared-cluster-seed"  # replicas of one cluster hash alike
 MAX_TOKENS = 12
 
 
-@pytest.fixture
-def holder(stories_path):
+@contextlib.contextmanager
+def _holder(stories_path):
     """(pipe, process, its handshake, a copy of its cache, the ids of its blocks holding data)."""
     conn, process = start_holder(HolderSpec("holder", model=str(stories_path), prompt=PROMPT, max_tokens=MAX_TOKENS,
                                             hash_seed=SEED, num_kv_blocks=NUM_KV_BLOCKS))
-    ready = receive_holder(conn)
-    yield conn, process, decode_handshake(ready.handshake), ready.cache, ready.written, ready
-    if process.is_alive():
-        conn.send("exit")
-    process.join(timeout=30)
+    try:
+        ready = receive_holder(conn)
+        yield conn, process, decode_handshake(ready.handshake), ready.cache, ready.written, ready
+    finally:
+        if process.is_alive():
+            conn.send("exit")
+        process.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def holder(stories_path):
+    """A holder process the reading tests share (a process loading the engine: seconds); they only read it."""
+    with _holder(stories_path) as h:
+        yield h
+
+
+@pytest.fixture
+def doomed_holder(stories_path):
+    """A holder of the test's own, for a test that kills it."""
+    with _holder(stories_path) as h:
+        yield h
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +124,8 @@ def test_a_block_id_outside_the_peer_cache_is_a_clear_error(holder, reader):
         read_blocks(reader, peer, [1, 2], [1])
 
 
-def test_reading_from_a_dead_peer_fails_cleanly_within_the_timeout(holder, reader):
-    conn, process, handshake, _, written, _ = holder
+def test_reading_from_a_dead_peer_fails_cleanly_within_the_timeout(doomed_holder, reader):
+    conn, process, handshake, _, written, _ = doomed_holder
     peer = reader.add_peer(handshake)
     conn.send("die")
     process.join(timeout=30)

@@ -7,6 +7,7 @@ finish reasons request by request; each also checks that drafts were accepted, s
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
@@ -69,10 +70,35 @@ def generate(eng: LLMEngine, params: dict[str, SamplingParams], one_by_one: bool
     return result
 
 
+_PLAIN: dict[str, tuple[dict[str, tuple], list]] = {}
+"""Plain runs by their requests and engine options: both methods' cases compare against one run without drafts."""
+
+
+def plain_run(path, params: dict[str, SamplingParams], engine_kw: dict | None = None,
+              one_by_one: bool = False) -> tuple[dict[str, tuple], list]:
+    """The results of ``generate`` on an engine without drafts, and the events it published."""
+    key = repr((str(path), sorted(params.items()), sorted((engine_kw or {}).items()), one_by_one))
+    if key not in _PLAIN:
+        events = RecordingPublisher()
+        _PLAIN[key] = generate(engine(path, None, events, **(engine_kw or {})), params, one_by_one), events.events
+    return _PLAIN[key]
+
+
+_COMPARED: dict[str, LLMEngine] = {}
+"""Speculative engines ``compare`` ran, by their runs (a method's batch case and a draft-model case run alike)."""
+
+
 def compare(path, spec, params, engine_kw: dict | None = None, one_by_one: bool = False) -> LLMEngine:
     """Assert equal results without and with drafts; returns the speculative engine."""
+    key = repr((str(path), spec, sorted(params.items()), sorted((engine_kw or {}).items()), one_by_one))
+    if key not in _COMPARED:
+        _COMPARED[key] = _compare(path, spec, params, engine_kw, one_by_one)
+    return _COMPARED[key]
+
+
+def _compare(path, spec, params, engine_kw: dict | None, one_by_one: bool) -> LLMEngine:
     spec_engine = engine(path, spec, **(engine_kw or {}))
-    plain = generate(engine(path, None, **(engine_kw or {})), params, one_by_one)
+    plain = plain_run(path, params, engine_kw, one_by_one)[0]
     spec = generate(spec_engine, params, one_by_one)
     assert spec == plain
     assert len(spec) == len(params)
@@ -138,22 +164,28 @@ def test_requests_with_penalties_or_logprobs_decode_one_token_per_step(stories_p
     assert eng.scheduler.drafter.stats.num_ineligible == 2
 
 
-def test_structured_output_requests_decode_one_token_per_step(stories_path, spec):
+def structured_run(path, config: dict | None) -> tuple[LLMEngine, dict]:
+    """A regex-constrained request beside a free one, to completion."""
     from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
-    def run(config: dict | None) -> tuple[LLMEngine, dict]:
-        eng, done = engine(stories_path, config), {}
-        eng.add_request(EngineRequest("a", PROMPTS["a"],
-                                      SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=(
-            StructuredOutputsParams(regex="[a-z ]{8,40}")))))
-        eng.add_request(EngineRequest("c", PROMPTS["c"], greedy(30)))
-        deadline = time.monotonic() + 60  # the grammar compiles in another process meanwhile
-        while eng.has_unfinished_requests() and time.monotonic() < deadline:
-            done |= {o.request_id: (list(o.output_token_ids), o.finish_reason) for o in eng.step() if o.finished}
-        eng.close()
-        return eng, done
+    eng, done = engine(path, config), {}
+    eng.add_request(EngineRequest("a", PROMPTS["a"], SamplingParams(
+        temperature=0.0, max_tokens=24, structured_outputs=StructuredOutputsParams(regex="[a-z ]{8,40}"))))
+    eng.add_request(EngineRequest("c", PROMPTS["c"], greedy(30)))
+    deadline = time.monotonic() + 60  # the grammar compiles in another process meanwhile
+    while eng.has_unfinished_requests() and time.monotonic() < deadline:
+        done |= {o.request_id: (list(o.output_token_ids), o.finish_reason) for o in eng.step() if o.finished}
+    eng.close()
+    return eng, done
 
-    (_, plain), (eng, spec_done) = run(None), run(spec)
+
+@functools.cache
+def structured_plain(path) -> dict:
+    return structured_run(path, None)[1]
+
+
+def test_structured_output_requests_decode_one_token_per_step(stories_path, spec):
+    plain, (eng, spec_done) = structured_plain(stories_path), structured_run(stories_path, spec)
     assert spec_done == plain and set(spec_done) == {"a", "c"}
     assert eng.scheduler.drafter.stats.num_ineligible == 1
     assert eng.scheduler.drafter.stats.num_accepted_tokens > 0  # the free request drafted
@@ -162,7 +194,7 @@ def test_structured_output_requests_decode_one_token_per_step(stories_path, spec
 def test_a_migrated_streams_continuation_gives_the_same_tokens(stories_path, spec):
     """What the router sends another replica when a stream's replica dies: the prompt and the output so far as token
     ids; the continuation with drafts must go on exactly as one uninterrupted plain run."""
-    whole = generate(engine(stories_path, None), {"b": greedy(40)})["b"][0]
+    whole = plain_run(stories_path, {"b": greedy(40)})[0]["b"][0]
     cut = 15
     eng = engine(stories_path, spec)
     eng.add_request(EngineRequest("b-continued", PROMPTS["b"] + whole[:cut], greedy(40 - cut)))
@@ -177,8 +209,7 @@ def test_a_migrated_streams_continuation_gives_the_same_tokens(stories_path, spe
 
 def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path, spec):
     params = {rid: greedy(48) for rid in PROMPTS}
-    plain_events, spec_events = RecordingPublisher(), RecordingPublisher()
-    generate(engine(stories_path, None, plain_events), params)
+    plain_events, spec_events = plain_run(stories_path, params)[1], RecordingPublisher()
     eng = engine(stories_path, spec, spec_events)
     generate(eng, params)
     stats = eng.scheduler.drafter.stats
@@ -188,30 +219,45 @@ def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path, spec)
         return sorted((h, tuple(e.token_ids[i * e.block_size:(i + 1) * e.block_size]))
                       for e in events if isinstance(e, BlockStored) for i, h in enumerate(e.block_hashes))
 
-    assert stored(spec_events.events) == stored(plain_events.events)
+    assert stored(spec_events.events) == stored(plain_events)
     assert stored(spec_events.events)
 
 
-def test_lora_requests_give_the_same_tokens(stories_path, spec, tmp_path):
+@pytest.fixture(scope="module")
+def adapter(stories_path, tmp_path_factory):
+    """A LoRA adapter of stories260K, made once for both methods."""
     pytest.importorskip("peft")
-    from kvmesh.replica.serving.lora_request import LoRARequest
-
     from .lora_fixtures import make_adapter
 
-    make_adapter(stories_path, tmp_path / "a1", seed=1)
-    lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
-    results = []
-    for config in (None, spec):
-        eng = engine(stories_path, config, enable_lora=True, max_lora_rank=8)
-        for rid in PROMPTS:
-            eng.add_request(EngineRequest(rid, PROMPTS[rid], greedy(40), lora_request=lora if rid in "ab" else None))
-        done = {}
-        for _ in range(2000):
-            if not eng.has_unfinished_requests():
-                break
-            done.update({o.request_id: list(o.output_token_ids) for o in eng.step() if o.finished})
-        results.append(done)
-    assert results[0] == results[1] and len(results[1]) == len(PROMPTS)
+    path = tmp_path_factory.mktemp("lora") / "a1"
+    make_adapter(stories_path, path, seed=1)
+    return path
+
+
+def lora_run(path, adapter, config: dict | None) -> tuple[LLMEngine, dict]:
+    """Requests a and b with the adapter, c and d without, to completion."""
+    from kvmesh.replica.serving.lora_request import LoRARequest
+
+    lora = LoRARequest("a1", 1, str(adapter))
+    eng = engine(path, config, enable_lora=True, max_lora_rank=8)
+    for rid in PROMPTS:
+        eng.add_request(EngineRequest(rid, PROMPTS[rid], greedy(40), lora_request=lora if rid in "ab" else None))
+    done = {}
+    for _ in range(2000):
+        if not eng.has_unfinished_requests():
+            break
+        done.update({o.request_id: list(o.output_token_ids) for o in eng.step() if o.finished})
+    return eng, done
+
+
+@functools.cache
+def lora_plain(path, adapter) -> dict:
+    return lora_run(path, adapter, None)[1]
+
+
+def test_lora_requests_give_the_same_tokens(stories_path, spec, adapter):
+    plain, (eng, done) = lora_plain(stories_path, adapter), lora_run(stories_path, adapter, spec)
+    assert plain == done and len(done) == len(PROMPTS)
     assert eng.scheduler.drafter.stats.num_accepted_tokens > 0
 
 

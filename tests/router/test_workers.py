@@ -105,8 +105,10 @@ def stub_url():
         yield url
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def workers(stub_url, stories_path):
+    """One pool for the module (each worker is a spawned interpreter loading the router): a test that kills a worker
+    waits until its restart serves again, so the next test finds both serving."""
     config = RouterConfig(port=0, model=str(stories_path), upstream=UpstreamConfig(poll_interval_s=0.1), workers=2)
     pool = router_workers(config, [ReplicaSpec(stub_url, replica_id="stub")], 2).start()
     try:
@@ -147,7 +149,7 @@ def _wait_answered_after(load: Load, t: float, count: int = 80) -> None:
 
 
 def test_crashed_worker_fails_only_requests_it_already_held_and_comes_back(workers):
-    before = workers.pids
+    before, restarts = workers.pids, list(workers.restarts)
     load = Load(workers.port)
     _wait_flowing(load)
     killed_at = time.monotonic()
@@ -163,7 +165,7 @@ def test_crashed_worker_fails_only_requests_it_already_held_and_comes_back(worke
     wait_for(lambda: workers.pids[0] not in (None, before[0]), timeout=30, what="worker 0 restarted")
     assert workers.pids[1] == before[1]  # the other worker was not restarted
     _wait_serving(workers, {"0"})
-    assert workers.restarts == [1, 0]
+    assert workers.restarts == [restarts[0] + 1, restarts[1]]
 
 
 @pytest.mark.parametrize("keep_alive", [False, True], ids=["connection-per-request", "keep-alive"])

@@ -30,7 +30,7 @@ from kvmesh.cluster.measure.workloads.tenants import TenantClass
 from kvmesh.cluster.measure.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from kvmesh.router.routing.policies import DEFAULT_POLICY
 
-pytestmark = pytest.mark.slow  # 40 simulated runs of seconds each
+pytestmark = pytest.mark.slow  # 50 simulated runs of a second or so each
 
 SEEDS = range(10)
 FLOOD_IDS = 10**9
@@ -74,17 +74,28 @@ def timed_tenant(seed: int, num_requests: int, blocks_per_replica: int, priced: 
     return sum(map(ttft_s, timed)) / len(timed), hit
 
 
+def sizes(shared: bool) -> tuple[int, int, int]:
+    """(requests of each tenant, the flood's burst, blocks per replica) of a case."""
+    return (600, 1, 80) if shared else (300, 4, 600)
+
+
+@functools.cache
+def unpriced(seed: int, shared: bool, admission: bool) -> tuple[float, float]:
+    """``timed_tenant`` with pulls unpriced: one run per seed and case, whatever the priced side's weights."""
+    n, burst, blocks = sizes(shared)
+    return timed_tenant(seed, n, blocks, False, admission, flood(n, seed, shared, burst))
+
+
 @functools.cache
 def paired(shared: bool, admission: bool, ghost_weight: float | None = None) -> dict[str, tuple[float, float]]:
     """Priced - unpriced over the seeds: the timed tenant's mean TTFT (seconds) and hit rate, each (mean,
     half-width of its 95% interval), and the unpriced runs' mean TTFT (``base_ttft``, half-width 0)."""
-    n, burst, blocks = (600, 1, 80) if shared else (300, 4, 600)
+    n, burst, blocks = sizes(shared)
     kwargs = {} if ghost_weight is None else {"ghost_weight": ghost_weight}
     ttft, hit, base = [], [], []
     for seed in SEEDS:
-        records = flood(n, seed, shared, burst)
-        p_ttft, p_hit = timed_tenant(seed, n, blocks, True, admission, records, **kwargs)
-        u_ttft, u_hit = timed_tenant(seed, n, blocks, False, admission, records)
+        p_ttft, p_hit = timed_tenant(seed, n, blocks, True, admission, flood(n, seed, shared, burst), **kwargs)
+        u_ttft, u_hit = unpriced(seed, shared, admission)
         ttft.append(p_ttft - u_ttft)
         hit.append(p_hit - u_hit)
         base.append(u_ttft)
