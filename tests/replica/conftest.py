@@ -29,3 +29,12 @@ def perturbed_draft(stories_path, tmp_path_factory):
     from .draft_models import perturbed_copy
 
     return perturbed_copy(stories_path, tmp_path_factory.mktemp("draft") / "perturbed")
+
+
+@pytest.fixture(scope="session")
+def two_layer_stories(stories_path, tmp_path_factory):
+    """stories260K cut to its first 2 decoder layers (draft_models.py): for engine tests of the Triton kernels
+    through the interpreter, where every layer launches the same kernels and each costs seconds per step."""
+    from .draft_models import truncated_copy
+
+    return truncated_copy(stories_path, tmp_path_factory.mktemp("stories") / "two-layer", num_layers=2)

@@ -8,7 +8,7 @@ gave wrong tokens in later tests. FakeDevice now fills that cache first (``devic
 it); the runs still happen in a fresh interpreter (``run_in_child``) so that no other such leak can
 reach the rest of the suite. The tests assert on the JSON these functions print.
 
-    python tests/replica/fake_device_runs.py FUNCTION STORIES_PATH   -> JSON on the last stdout line
+    python tests/replica/fake_device_runs.py FUNCTION[,FUNCTION...] STORIES_PATH   -> JSON on the last stdout line
 """
 
 from __future__ import annotations
@@ -276,9 +276,11 @@ def device_contexts(path: str) -> dict:
 
 
 def run_in_child(function: str, stories_path) -> dict:
-    """``function``'s result, computed in a fresh interpreter (see the module docstring)."""
+    """``function``'s result, computed in a fresh interpreter (see the module docstring); ``function`` may name
+    several, comma-separated, run one after another in the same child: then a dict of their results by name."""
+    names = function.split(",")
     proc = subprocess.run([sys.executable, str(Path(__file__)), function, str(stories_path)], capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=240 * len(names))
     if proc.returncode != 0:
         raise RuntimeError(f"{function} failed in the child process:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -286,4 +288,5 @@ def run_in_child(function: str, stories_path) -> dict:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
-    print(json.dumps(globals()[sys.argv[1]](sys.argv[2])))
+    results = {name: globals()[name](sys.argv[2]) for name in sys.argv[1].split(",")}
+    print(json.dumps(results if len(results) > 1 else next(iter(results.values()))))

@@ -1,8 +1,9 @@
 """What a real decode step launches, every Triton and aten kernel, by phase (decode_step_launches.py).
 
-The engine's own step on stories260K with the Triton attention backend and the fused layers (the CUDA
-path, run through Triton's interpreter here). The counts do not depend on the batch (256 gives the
-same, in BENCHMARKS.md; it takes minutes in the interpreter), so the test steps small batches.
+The engine's own step on stories260K (cut to 2 layers here: each layer's launches are counted, and each
+costs the interpreter) with the Triton attention backend and the fused layers (the CUDA path, run through
+Triton's interpreter here). The counts do not depend on the batch (256 gives the same, in BENCHMARKS.md; it
+takes minutes in the interpreter), so the test steps small batches.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ rotates q and k, writes the new K/V into the cache and merges its split-KV parts
 
 
 @pytest.fixture(scope="module")
-def step_launches(stories_path):
+def step_launches(two_layer_stories):
     """``step_launches(batch, sms)``: a decode step's launches, split-KV sized for ``sms`` SMs, each watched once
     for the module (the interpreter runs every program of the grid, ~batch x 4 KV heads x splits per layer)."""
     from kvmesh.replica.attention import triton_paged_attention as tpa
@@ -36,7 +37,7 @@ def step_launches(stories_path):
         if (batch, sms) not in seen:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(tpa, "num_sms", lambda device: sms)
-                seen[batch, sms] = decode_step_launches(str(stories_path), batch)
+                seen[batch, sms] = decode_step_launches(str(two_layer_stories), batch)
         return seen[batch, sms]
 
     return launches

@@ -2,8 +2,9 @@
 (replica/worker/kernel_warmup.py).
 
 On CPU the kernels run through Triton's interpreter, which compiles nothing, so the warm-up is driven by
-hand on a small engine and the check counts specialization keys (kernel_keys.py: Triton's own rule for
-what it compiles a new kernel for): after the warm-up, serving launches none it has not seen. Split-KV is
+hand on a small engine (stories260K cut to 2 layers: every layer launches the same specializations) and
+the check counts specialization keys (kernel_keys.py: Triton's own rule for what it compiles a new kernel
+for): after the warm-up, serving launches none it has not seen. Split-KV is
 sized for a small GPU (8 SMs) so split and unsplit kernels both occur.
 """
 
@@ -69,14 +70,14 @@ def alone(engine: LLMEngine, prompt: list[int]) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "static-decode-and-prefill"])
-def test_after_the_warm_up_serving_launches_no_kernel_specialization_it_has_not_compiled(monkeypatch, stories_path,
-                                                                                          graphs):
+def test_after_the_warm_up_serving_launches_no_kernel_specialization_it_has_not_compiled(monkeypatch,
+                                                                                          two_layer_stories, graphs):
     """``static-decode-and-prefill``: steps on the CUDA graphs' padded shapes (decode rows, and the cached
     prefix's 3-token suffix padded to a 16-token prefill with its split count fixed for the longest context)."""
     from kvmesh.replica.attention import triton_paged_attention as tpa
 
     monkeypatch.setattr(tpa, "num_sms", lambda device: 8)  # stories260K's 4 KV heads: 1 or 2 decode rows split
-    config = EngineConfig(model=str(stories_path), dtype="float32", device=str(DEVICE), attention_backend="triton",
+    config = EngineConfig(model=str(two_layer_stories), dtype="float32", device=str(DEVICE), attention_backend="triton",
                           block_size=16, kv_cache_memory=1 << 20, max_num_seqs=4, max_num_batched_tokens=24,
                           hash_seed=b"s")
     with LaunchKeys() as warm:

@@ -1,6 +1,7 @@
 """Short one-request prefill steps on static, padded shapes (prefill_graph.py), run eagerly on CPU through the
 Triton kernel (Triton's interpreter) and the flash-attn reference; the capture itself needs CUDA. The tokens
-must be the eager path's and the torch backend's, over cached prefixes of 0, 1 and many blocks."""
+must be the eager path's and the torch backend's, over cached prefixes of 0, 1 and many blocks. On CPU the model
+is stories260K cut to 2 layers (every layer runs the same kernels; each costs the interpreter)."""
 
 from __future__ import annotations
 
@@ -72,12 +73,12 @@ def cached_prefix_prompts(block_size: int, seed: int = 0) -> tuple[list[list[int
 
 
 @needs_triton
-def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_tokens(stories_path):
+def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_tokens(two_layer_stories):
     prompts, cases = cached_prefix_prompts(16)
     greedy = dict(temperature=0.0, max_tokens=2)  # a prefill step and one decode step each (the interpreter is slow)
-    torch_tokens = one_by_one(engine("torch", 16, False, model=str(stories_path))[0], prompts, greedy)
-    eager_tokens = one_by_one(engine("triton", 16, False, model=str(stories_path))[0], prompts, greedy)
-    eng, decodes, prefills = engine("triton", 16, True, model=str(stories_path))
+    torch_tokens = one_by_one(engine("torch", 16, False, model=str(two_layer_stories))[0], prompts, greedy)
+    eager_tokens = one_by_one(engine("triton", 16, False, model=str(two_layer_stories))[0], prompts, greedy)
+    eng, decodes, prefills = engine("triton", 16, True, model=str(two_layer_stories))
     assert one_by_one(eng, prompts, greedy) == eager_tokens == torch_tokens
     hits = eng.get_stats().prefix_cache_hits
     assert hits > 0
@@ -92,7 +93,8 @@ def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkeypatch, stories_path, async_scheduling):
+def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkeypatch, two_layer_stories,
+                                                                        async_scheduling):
     """The paged flash-attn path (block 256): a 300-token prompt, then 5 and 40 tokens over its cached block,
     and a fresh 3-token prompt; with async scheduling too (the eager reference is synchronous)."""
     import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
@@ -103,8 +105,8 @@ def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkey
     prompts = [prefix + [7] * 44, prefix + [9, 8, 7, 6, 5], prefix + [rng.randrange(3, 500) for _ in range(40)],
                [11, 12, 13]]
     seeded = dict(temperature=0.9, top_p=0.9, seed=5, max_tokens=3)
-    eager = one_by_one(engine("flash_attn", 256, False, model=str(stories_path))[0], prompts, seeded)
-    eng, _, prefills = engine("flash_attn", 256, True, model=str(stories_path), async_scheduling=async_scheduling)
+    eager = one_by_one(engine("flash_attn", 256, False, model=str(two_layer_stories))[0], prompts, seeded)
+    eng, _, prefills = engine("flash_attn", 256, True, model=str(two_layer_stories), async_scheduling=async_scheduling)
     assert one_by_one(eng, prompts, seeded) == eager
     assert prefills == [16, 64, 16]  # the 300-token prompt ran eagerly
 

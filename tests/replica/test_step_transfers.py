@@ -24,8 +24,16 @@ from .fake_device_runs import SAMPLING, run_in_child
 
 
 @pytest.fixture(scope="module")
-def runs(stories_path) -> dict:
-    return run_in_child("engine_steps", stories_path)
+def child(two_layer_stories) -> dict:
+    """Every run of the module, in one child process (each child pays the imports of torch and transformers);
+    ``device_contexts`` last: torch's device contexts must still work after all the others. On stories260K cut
+    to 2 layers: what a step transfers does not depend on the model's depth."""
+    return run_in_child("engine_steps,static_steps,prefill_steps,the_check,device_contexts", two_layer_stories)
+
+
+@pytest.fixture(scope="module")
+def runs(child) -> dict:
+    return child["engine_steps"]
 
 
 def assert_disciplined(logs: list[dict], extra_d2h: int = 0) -> None:
@@ -110,8 +118,8 @@ def test_async_scheduling_keeps_one_transfer_per_step_and_the_tokens(runs):
 
 
 @pytest.fixture(scope="module")
-def static_runs(stories_path) -> dict:
-    return run_in_child("static_steps", stories_path)
+def static_runs(child) -> dict:
+    return child["static_steps"]
 
 
 @pytest.mark.parametrize("scheduling", ["sync", "async", "sampled-sync", "sampled-async"])
@@ -157,7 +165,7 @@ def test_a_cuda_graph_decode_step_with_logprobs_is_one_upload_one_run_one_copy_b
 
 
 @pytest.mark.parametrize("name", ["greedy", "sampled"])
-def test_a_cached_prefix_prefill_step_is_one_upload_one_run_one_copy_back(stories_path, prefill_runs, name):
+def test_a_cached_prefix_prefill_step_is_one_upload_one_run_one_copy_back(prefill_runs, name):
     """5 tokens over a 256-token cached prefix, one request: the step's inputs (and its sampling settings) go up
     in one copy straight into the prefill graphs' inputs, the graph of 16 tokens runs, its token comes back in
     one copy (the LM head and the argmax or draw are inside the run)."""
@@ -175,17 +183,17 @@ def test_a_cached_prefix_prefill_step_is_one_upload_one_run_one_copy_back(storie
 
 
 @pytest.fixture(scope="module")
-def prefill_runs(stories_path) -> dict:
-    return run_in_child("prefill_steps", stories_path)
+def prefill_runs(child) -> dict:
+    return child["prefill_steps"]
 
 
-def test_the_check_sees_syncs_transfers_and_mixing(stories_path):
+def test_the_check_sees_syncs_transfers_and_mixing(child):
     """The stand-in device records what a GPU would pay for (so the assertions above can fail)."""
-    log = run_in_child("the_check", stories_path)
+    log = child["the_check"]
     assert all(log["facts"])
     assert len(log["syncs"]) == 3 and len(log["d2h"]) == 2 and len(log["mixed"]) == 1
     assert len(log["h2d"]) == 1 and "non_blocking=False" in log["h2d"][0]
 
 
-def test_the_stand_in_device_leaves_torch_device_contexts_working(stories_path):
-    assert run_in_child("device_contexts", stories_path) == {"device": "meta"}
+def test_the_stand_in_device_leaves_torch_device_contexts_working(child):
+    assert child["device_contexts"] == {"device": "meta"}

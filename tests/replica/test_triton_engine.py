@@ -1,9 +1,10 @@
 """Whole engines on the triton attention backend: the torch backend's and transformers' greedy tokens
 on stories260K.
 
-On CPU the kernel runs through Triton's interpreter (slow: a few tokens of a few requests, but
-through a prefix hit, a chunked prefill and mixed decode + prefill steps); the ``gpu`` tests run the
-compiled kernel, eagerly and replayed from CUDA graphs at block size 16.
+On CPU the kernel runs through Triton's interpreter (slow: a few tokens of a few requests on stories260K cut
+to 2 layers, every layer launching the same kernels, but through a prefix hit, a chunked prefill and mixed
+decode + prefill steps); the ``gpu`` tests run the compiled kernel on the whole model, eagerly and replayed
+from CUDA graphs at block size 16.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ def workload(seed: int = 0) -> dict[str, list[int]]:
 
 @pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
                     reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
-def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stories_path, caplog):
+def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(two_layer_stories, caplog):
     caplog.set_level(logging.INFO, logger="kvmesh.replica.worker.model_runner")
     prompts = workload()
-    kw = dict(model=str(stories_path), dtype="float32", device="cpu", block_size=16, kv_cache_memory=1 << 20,
+    kw = dict(model=str(two_layer_stories), dtype="float32", device="cpu", block_size=16, kv_cache_memory=1 << 20,
               max_num_batched_tokens=24, hash_seed=b"s")
     outs = {}
     for backend in ("torch", "triton"):
@@ -72,7 +73,7 @@ def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stor
     assert sorted(outs["triton"]) == sorted(prompts) and all(len(t) == 3 for t in outs["triton"].values())
     assert outs["triton"] == outs["torch"]
     assert "attention backend triton, block_size 16, no CUDA graphs" in caplog.text  # said once at start
-    hf = transformers.AutoModelForCausalLM.from_pretrained(stories_path, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(two_layer_stories, dtype=torch.float32).eval()
     for rid, prompt in prompts.items():  # and the external reference, one request at a time
         ids = torch.tensor([prompt])
         expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
@@ -82,13 +83,13 @@ def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stor
 
 @pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
                     reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
-def test_bf16_operands_give_the_torch_backends_tokens_through_the_interpreter(stories_path):
+def test_bf16_operands_give_the_torch_backends_tokens_through_the_interpreter(two_layer_stories):
     """bf16 Q/K and probabilities rounded to bf16 for P @ V (fp32 sums), the fused layers and the rotary
     embedding folded into the cache write (the CUDA path): a story prompt, a cached prefix of it and a
     chunked prefill, greedy, against the torch backend in bf16 (plain torch layers)."""
     story = ONCE_UPON_A_TIME + [264, 383, 270, 449, 262, 312, 289, 398, 284, 425, 264, 383]  # 17 tokens
     prompts = {"story-first": story, "again": story + [270], "long": story * 3}  # long: chunked (budget 24)
-    kw = dict(model=str(stories_path), dtype="bfloat16", device="cpu", block_size=16, kv_cache_memory=1 << 20,
+    kw = dict(model=str(two_layer_stories), dtype="bfloat16", device="cpu", block_size=16, kv_cache_memory=1 << 20,
               max_num_batched_tokens=24, hash_seed=b"s")
     expected, _ = generate(EngineConfig(attention_backend="torch", **kw), prompts, 6)
     got, engine = generate(EngineConfig(attention_backend="triton", **kw), prompts, 6, fused=True)
@@ -134,7 +135,7 @@ def test_cuda_graph_replay_gives_the_eager_tokens_at_block_16(stories_path):
 @pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
                     reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
 def test_decode_steps_folded_into_one_attention_launch_give_the_torch_backends_tokens_under_preemption(
-        monkeypatch, stories_path):
+        monkeypatch, two_layer_stories):
     """The GPU's decode path on CPU: rotary, the K/V write and the split-KV merge inside the attention launch
     (split-KV sized for a 32-SM GPU: 2 or 4 parts at these batches; the kernel tests split long contexts
     many ways), decode steps padded to static sizes, requests preempted and recomputed -- the torch
@@ -144,14 +145,14 @@ def test_decode_steps_folded_into_one_attention_launch_give_the_torch_backends_t
 
     from .engine_paths import config, pool_that_preempts, run
 
-    rng = random.Random(3)  # short prompts a few tokens under a block boundary: the interpreter is slow
-    prompts = [{f"r{i}": [rng.randrange(3, 512) for _ in range(n)] for i, n in enumerate((13, 12, 27))}]
-    lengths = {"r0": 8, "r1": 7, "r2": 6}
+    rng = random.Random(3)  # one-block prompts a few tokens under its end, in a pool of 4 blocks: each
+    prompts = [{f"r{i}": [rng.randrange(3, 512) for _ in range(n)] for i, n in enumerate((13, 12, 14))}]
+    lengths = {"r0": 6, "r1": 6, "r2": 5}  # needs a second block a few decode steps in, and preempts for it
     kw = dict(block_size=16, dtype="float32", device="cpu", num_kv_blocks=pool_that_preempts(16, prompts, lengths))
-    expected = run(LLMEngine(config(stories_path, attention_backend="torch", **kw), skip_tokenizer_init=True),
+    expected = run(LLMEngine(config(two_layer_stories, attention_backend="torch", **kw), skip_tokenizer_init=True),
                    prompts, lengths)
     monkeypatch.setattr(tpa, "num_sms", lambda device: 32)  # few parts: every interpreted program costs ~1 ms
-    engine = LLMEngine(config(stories_path, attention_backend="triton", **kw), skip_tokenizer_init=True)
+    engine = LLMEngine(config(two_layer_stories, attention_backend="triton", **kw), skip_tokenizer_init=True)
     force_triton(engine.model_runner.model, True)
     runner = engine.model_runner
     runner.static_decode = StaticDecode(runner.model, runner.attn_backend, 8,
