@@ -50,8 +50,7 @@ class CompletionRequest(SamplingFields, RefusedCompletionFields):
         # vLLM: echo + logprobs -> prompt logprobs (the larger of the two when both are asked for)
         return self.logprobs, asked if echoed is None else echoed if asked is None else max(asked, echoed)
 
-    def check_supported(self) -> None:
-        super().check_supported()
+    def check_kind(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ProtocolError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", param="logprobs")
         if self.best_of is not None:
@@ -108,8 +107,7 @@ class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEch
     def _logprobs(self) -> tuple[int | None, int | None]:
         return (self.top_logprobs or 0) if self.logprobs else None, self.prompt_logprobs
 
-    def check_supported(self) -> None:
-        super().check_supported()
+    def check_kind(self) -> None:
         if self.top_logprobs is not None:
             if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
                 raise ProtocolError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}",

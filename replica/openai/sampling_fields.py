@@ -75,7 +75,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         raise NotImplementedError
 
     def check_supported(self) -> None:
-        """Refuse what the engine does not do, with a clear 400."""
+        """Refuse what the engine does not do, with a clear 400: the fields both kinds share, then the kind's own."""
         if not 1 <= self.n <= MAX_CHOICES:
             raise ProtocolError(f"n must be in [1, {MAX_CHOICES}], got {self.n}", param="n")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
@@ -83,6 +83,10 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
         self.check_extras(streaming=bool(self.stream))
+        self.check_kind()
+
+    def check_kind(self) -> None:
+        """The checks of the request kind's own fields (protocol.py), after the shared ones above."""
 
     def continuation_seed(self, num_generated: int) -> int | None:
         """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
