@@ -25,12 +25,19 @@ def test_an_unknown_device_is_a_usage_error(monkeypatch):
         chosen_test_device()
 
 
+def session_config() -> SimpleNamespace:
+    """What pytest_configure touches of a session's config: its stash and the plugins it registers."""
+    registered: dict = {}
+    plugins = SimpleNamespace(register=lambda plugin, name: registered.update({name: plugin}))
+    return SimpleNamespace(stash={}, pluginmanager=plugins)
+
+
 def test_cpu_hides_the_gpus_from_the_session(monkeypatch):
     monkeypatch.setenv("KVMESH_TEST_DEVICE", "cpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    pytest_configure(SimpleNamespace(stash={}))  # a session's config: only its stash is written
+    pytest_configure(session_config())
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
     monkeypatch.setenv("KVMESH_TEST_DEVICE", "auto")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    pytest_configure(SimpleNamespace(stash={}))  # a session's config: only its stash is written
+    pytest_configure(session_config())
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
