@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
 
 from kvmesh.cluster.cli import build_parser
 from kvmesh.cluster.config.trees import SERVE_SCHEMA
@@ -57,7 +58,8 @@ def _value(action: argparse.Action) -> str:
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     if not action.help:
         return ""
-    return _cell(parser._get_formatter()._expand_help(action))
+    # a default under the home directory (~/.cache/kvmesh/...) is written as ~: the page is the same for everyone
+    return _cell(parser._get_formatter()._expand_help(action).replace(str(Path.home()), "~"))
 
 
 def _serve_keys() -> set[str]:
