@@ -91,18 +91,22 @@ def test_a_second_router_sees_the_first_routers_requests_from_the_published_load
             senders = [threading.Thread(target=_complete, args=(a, done)) for _ in range(4)]
             for t in senders:
                 t.start()
-            same_update = []  # (load_seq, decode_load) of both routers when they read the same update
+            # (running, decode_load) of both routers when they read the same update: `running` is what the update
+            # said; a's decode_load also counts what a sent since (its own in-flight), b's is the update's alone
+            same_update = []
             deadline = time.monotonic() + 60
             while len(done) < len(senders) and time.monotonic() < deadline:
                 ra, rb = _row(a), _row(b)
                 if ra.get("load_seq") is not None and ra.get("load_seq") == rb.get("load_seq"):  # defaults omitted
-                    same_update.append((ra.get("decode_load", 0), rb.get("decode_load", 0)))
+                    same_update.append(((ra.get("running", 0), ra.get("decode_load", 0)),
+                                        (rb.get("running", 0), rb.get("decode_load", 0))))
             for t in senders:
                 t.join(timeout=120)
             assert done == [200] * 4
-            busy = [(da, db) for da, db in same_update if da >= 2]
-            assert busy, f"never saw the requests in both views at one update: {same_update[:20]}"
-            assert all(da == db for da, db in busy), busy  # router b sent nothing, yet sees what a sees
+            busy = [(va, vb) for va, vb in same_update if vb[1] >= 2]
+            assert busy, f"b never saw the requests at an update both read: {same_update[:20]}"
+            assert all(va[0] == vb[0] for va, vb in same_update), same_update  # one update, one count in both
+            assert all(vb[1] == vb[0] for _, vb in busy), busy  # router b sent nothing: its load is the update's
             assert _row(b).get("in_flight", 0) == 0  # b's own count: nothing went through it
     finally:
         replica.shutdown(graceful_s=1)
