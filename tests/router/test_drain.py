@@ -80,12 +80,17 @@ def test_exclusive_blocks_counts_what_only_that_replica_holds(fakes, start_route
     a, b = fakes
     router = start_router([a.spec, b.spec], api_key="tenant-key", admin_key="admin-key")
     wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
+    # the fakes are the session's: emptied, so that b storing this prompt evicts no older block a also holds (which
+    # would make it a's alone again, by however many earlier tests left there)
+    index = router.runtime.router.index
+    for fake in fakes:
+        httpx.post(fake.info["url"] + "/reset_prefix_cache", timeout=10).raise_for_status()
+    wait_for(lambda: not index.cached_hashes("a") and not index.cached_hashes("b"), what="both caches emptied")
     r = httpx.post(router.url + "/replicas/b/drain", headers=ADMIN, timeout=10)
     assert r.status_code == 200
     ids = prompt(16_016, n=40)  # 10 blocks of 4, all on a (b is draining)
     assert httpx.post(router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2},
                       headers=TENANT, timeout=20).json()["choices"][0]["text"] == "a"
-    index = router.runtime.router.index  # the fakes are shared by the session: a may hold older blocks
     wait_for(lambda: len(index.cached_hashes("a")) >= 10, what="a's blocks in the index")
     before = _rows(router)["a"]["exclusive_blocks"]
     assert before >= 10
