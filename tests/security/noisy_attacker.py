@@ -3,17 +3,14 @@ own process (so building and sending megabytes takes nothing from the process th
 
     python tests/security/noisy_attacker.py URL KEY OUT.jsonl [--concurrency 4] [--timeout-s 25] [--deadline-s 300]
                                              [--match REGEX]     # only the cases whose name matches (a replay)
-                                             [--min-value-chars N]  # only the cases whose value is N chars or more
-                                             [--again EARLIER.jsonl]  # only the cases an earlier run sent
     python tests/security/noisy_attacker.py URL KEY OUT.jsonl --plain-s 8   # the control: plain requests only
 
 Cases go in their order (a field's cases follow each other, so the ones in flight at any moment are of one or two
 fields); each answer is one JSON line of ``OUT``: the case, its status (or ``timeout`` / the client's error), when it
 was sent and answered (``time.monotonic``, the clock the light tenant's timings use too), whether a 4xx was
-OpenAI-shaped, the answer's first bytes, and the length of the hostile value's JSON text. Cases not sent by
-``--deadline-s`` are lines too, status ``not sent``. ``--plain-s`` sends, as many at a time, the endpoints' plain
-requests for that long instead: the same volume with nothing hostile in it, what the light tenant's latency under
-attack is compared with.
+OpenAI-shaped, and the answer's first bytes. Cases not sent by ``--deadline-s`` are lines too, status ``not sent``.
+``--plain-s`` sends, as many at a time, the endpoints' plain requests for that long instead: the same volume with
+nothing hostile in it, what the light tenant's latency under attack is compared with.
 """
 
 from __future__ import annotations
@@ -67,7 +64,7 @@ def send(client: httpx.Client, case: Case, key: str, timeout_s: float) -> dict:
 
 
 def attack(url: str, key: str, out: Path, concurrency: int, timeout_s: float, deadline_s: float,
-           match: str | None = None, min_value_chars: int = 0, again: Path | None = None) -> None:
+           match: str | None = None) -> None:
     lock, local = threading.Lock(), threading.local()
     deadline = time.monotonic() + deadline_s
 
@@ -80,13 +77,10 @@ def attack(url: str, key: str, out: Path, concurrency: int, timeout_s: float, de
             if not hasattr(local, "client"):
                 local.client = httpx.Client(base_url=url)
             result = send(local.client, case, key, timeout_s)
-        result["value_chars"] = len(case.value.text())
         with lock, out.open("a") as f:
             f.write(json.dumps(result) + "\n")
 
-    sent = again and {r["name"] for r in map(json.loads, again.read_text().splitlines()) if r["status"] != "not sent"}
-    chosen = [c for c in cases() if (match is None or re.search(match, c.name)) and (again is None or c.name in sent)
-              and (not min_value_chars or len(c.value.text()) >= min_value_chars)]
+    chosen = [c for c in cases() if match is None or re.search(match, c.name)]
     with ThreadPoolExecutor(concurrency) as pool:
         for _ in pool.map(one, chosen):
             pass
@@ -118,16 +112,12 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=25.0, help="a request's bound")
     parser.add_argument("--deadline-s", type=float, default=300.0, help="no case is sent after this")
     parser.add_argument("--match", help="only the cases whose name (path field = value) matches this regex")
-    parser.add_argument("--min-value-chars", type=int, default=0,
-                        help="only the cases whose hostile value's JSON text is this long or longer")
-    parser.add_argument("--again", type=Path, help="only the cases this earlier run's OUT has an answer for")
     parser.add_argument("--plain-s", type=float, help="send plain requests for this long instead (the control)")
     args = parser.parse_args()
     if args.plain_s:
         plain(args.url, args.key, args.concurrency, args.plain_s)
         return
-    attack(args.url, args.key, args.out, args.concurrency, args.timeout_s, args.deadline_s, args.match,
-           args.min_value_chars, args.again)
+    attack(args.url, args.key, args.out, args.concurrency, args.timeout_s, args.deadline_s, args.match)
 
 
 if __name__ == "__main__":
