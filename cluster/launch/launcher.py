@@ -2,8 +2,9 @@
 
     start():  connect Ray ─▶ model on every node ─▶ the nodes hold the replicas? (capacity.py) ─▶ one
               placement group per replica ─▶ replica actors (loading; their config sections:
-              replica_sections.py) ─▶ router (this process, or a control router + router.workers:
-              cluster/launch/serve_router.py; or routers on Ray nodes: node_routers.py) ─▶ wait for ready, register
+              replica_sections.py) ─▶ router (its config section: router_section.py; this process, or a control
+              router + router.workers: cluster/launch/serve_router.py; or routers on Ray nodes: node_routers.py)
+              ─▶ wait for ready, register
               endpoints with the router (readiness.py)
               ─▶ supervisor thread (restarts -> re-registration, supervisor.py) ─▶ the fleet built on the started
               cluster, when given one (``fleet``: ``kvmesh serve`` passes cluster/fleet/operations.py's ``Fleet``:
@@ -43,15 +44,14 @@ from kvmesh.cluster.launch.replica_sections import (
     replica_kv_transfer,
     replica_server,
 )
+from kvmesh.cluster.launch.router_section import router_section
 from kvmesh.cluster.launch.serve_router import RouterProcesses
 from kvmesh.cluster.launch.serve_state import ClusterFleet, FleetFactory, ServeState
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.router_client import RouterClient
-from kvmesh.kvcache.hashing import cache_salt_secret
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.replicas.roles import PREFILL
-from kvmesh.router.routing.policies import with_step_budget
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -156,24 +156,11 @@ class ServeCluster:
         st.router_client = RouterClient(owner_url, api_key=cfg.router.api_key, admin_key=admin_key)
 
     def router_config(self, admin_key: str | None = None) -> RouterConfig:
-        """The serve config's router section, plus what the router takes from the engine's."""
-        cfg, st = self.config, self.state
-        engine = self.units[0].engine if self.units else cfg.engine
-        router = replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
-                       policy_kwargs=with_step_budget(cfg.router.policy, cfg.router.policy_kwargs,
-                                                      engine.max_num_batched_tokens),
-                       tokenizer=engine.tokenizer, served_model_name=self._router_served_names(),
-                       max_model_len=engine.max_model_len, block_size=engine.block_size,
-                       upstream=replace(cfg.router.upstream, replica_api_key=None), internal_key=self._internal_key,
-                       admin_key=admin_key, frontend=served_frontend(cfg.frontend, cfg.engine.model),
-                       cache_salt_secret=cache_salt_secret(self._hash_seed))
-        return self._curve.router(router) if self._curve else router
-
-    def _router_served_names(self) -> str | list[str]:
-        """The names the router accepts for its own model: every ``--served-model-name`` (vLLM's aliases), the
-        first reported; a deployments cluster's first deployment's name."""
-        names = self.config.router.served_names()
-        return list(names) if not self.units and len(names) > 1 else self.state.served_model_name
+        """The serve config's router section, plus what the router takes from the engine's (router_section.py)."""
+        engine = self.units[0].engine if self.units else self.config.engine
+        return router_section(self.config, self.state, engine, several_models=bool(self.units),
+                              internal_key=self._internal_key, hash_seed=self._hash_seed, curve=self._curve,
+                              admin_key=admin_key)
 
     def _start_replicas(self) -> None:
         cfg, st = self.config, self.state
