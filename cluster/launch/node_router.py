@@ -102,6 +102,12 @@ class NodeRouter:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        """The Ray node this router runs on (Ray restarts it on the same one)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def healthy_seen(self) -> int:
         """Replicas this router routes to."""
         return self.follower.healthy_seen

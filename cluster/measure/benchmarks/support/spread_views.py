@@ -20,8 +20,10 @@ POLL_S = 0.25
 class RouterViews:
     """The placed routers of ``serve``, as clients and the run see them."""
 
-    def __init__(self, serve: PlacedServe, num_replicas: int) -> None:
+    def __init__(self, serve: PlacedServe, num_replicas: int, client_key: str) -> None:
         self.serve, self.num_replicas = serve, num_replicas
+        self.client_headers = {"Authorization": f"Bearer {client_key}"}
+        """What the run's clients send (the routers' API key)."""
         self._urls: list[str] = []
 
     def urls(self) -> list[str]:
@@ -41,7 +43,7 @@ class RouterViews:
             await asyncio.sleep(0.05)
         deadline = killed_at[0] + REJOIN_TIMEOUT_S
         body = {"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 1}
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), headers=self.client_headers) as http:
             while time.monotonic() < deadline:
                 try:
                     await asyncio.to_thread(self.refresh, 2.0)
