@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kvmesh.cluster.measure.benchmarks.soak import table
 from kvmesh.cluster.measure.benchmarks.support.soak_hostile import clean_refusal
-from kvmesh.cluster.measure.benchmarks.support.soak_verdict import FAILURES_KEPT, Tally, growth, verdict
+from kvmesh.cluster.measure.benchmarks.support.soak_verdict import FAILURES_KEPT, SoakTally, growth, verdict
 
 
 def _samples(values: list[float], name: str = "router", every: float = 10.0) -> list[dict]:
@@ -27,7 +27,7 @@ def test_growth_is_from_the_median_at_the_warmup_mark_to_the_median_at_the_end()
 
 def test_a_process_growing_past_the_bound_fails_the_verdict_and_one_within_passes():
     samples = [{"t": t, "rss_mb": {"router": 100 + t / 10, "replica-0": 200.0}} for t in range(0, 101, 5)]
-    tally = Tally()
+    tally = SoakTally()
     tally.record("chat", None, 1.0)
     v = verdict(samples, ["router", "replica-0"], tally, warmup_s=10, window_s=0, max_growth=0.05, exited=[])
     assert v["processes"]["router"]["growth"] == pytest.approx(110 / 101 - 1, abs=1e-4)
@@ -46,7 +46,7 @@ def test_one_well_formed_failure_or_one_misanswered_hostile_request_or_an_exit_f
     samples = _samples([100.0] * 5)
 
     def run(*records, exited=()) -> bool:
-        tally = Tally()
+        tally = SoakTally()
         for kind, reason, label in records:
             tally.record(kind, reason, 1.0, label)
         return verdict(samples, ["router"], tally, warmup_s=10, window_s=10, max_growth=0.1, exited=list(exited))["ok"]
@@ -60,7 +60,7 @@ def test_one_well_formed_failure_or_one_misanswered_hostile_request_or_an_exit_f
 
 
 def test_the_tally_counts_by_kind_and_reason_and_keeps_the_first_failures_only():
-    tally = Tally()
+    tally = SoakTally()
     for i in range(FAILURES_KEPT + 5):
         tally.record("json_schema", "500: compile failed", float(i))
     tally.record("hostile", "hostile answered 500: x", 3.0, "empty choice list")
@@ -88,7 +88,7 @@ def test_a_hostile_answer_is_clean_only_as_a_4xx_error_object_with_a_message(sta
 
 
 def test_the_table_shows_each_process_growth_and_the_requests_by_kind():
-    tally = Tally()
+    tally = SoakTally()
     tally.record("chat", None, 1.0)
     tally.record("hostile", None, 2.0, "temperature NaN")
     samples = [{"t": t, "rss_mb": {"router": 100.0 + t}} for t in range(0, 21, 5)]

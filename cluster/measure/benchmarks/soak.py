@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.soak_fleet import SoakFleet
 from kvmesh.cluster.measure.benchmarks.support.soak_traffic import TrafficSettings, drive
-from kvmesh.cluster.measure.benchmarks.support.soak_verdict import Tally, verdict
+from kvmesh.cluster.measure.benchmarks.support.soak_verdict import SoakTally, verdict
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 
@@ -66,7 +66,7 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-async def _sample(fleet: SoakFleet, samples: list[dict], tally: Tally, args, t0: float, deadline: float) -> None:
+async def _sample(fleet: SoakFleet, samples: list[dict], tally: SoakTally, args, t0: float, deadline: float) -> None:
     """A memory sample every ``--sample-s`` until the deadline; a progress line about every 30 s."""
     last_line = -30.0
     while True:
@@ -83,7 +83,7 @@ async def _sample(fleet: SoakFleet, samples: list[dict], tally: Tally, args, t0:
         await asyncio.sleep(min(args.sample_s, max(0.0, deadline - time.monotonic())))
 
 
-async def _soak(fleet: SoakFleet, args, samples: list[dict], tally: Tally) -> None:
+async def _soak(fleet: SoakFleet, args, samples: list[dict], tally: SoakTally) -> None:
     settings = TrafficSettings(concurrency=args.concurrency, think_s=args.think_s, seed=args.seed)
     t0 = time.monotonic()
     deadline = t0 + args.duration
@@ -94,7 +94,7 @@ async def _soak(fleet: SoakFleet, args, samples: list[dict], tally: Tally) -> No
 def run(args: argparse.Namespace, work: Path) -> dict:
     fleet = SoakFleet(work)
     samples: list[dict] = []
-    tally = Tally()
+    tally = SoakTally()
     t = time.monotonic()
     try:
         fleet.start(args.model or stories_model())

@@ -1,6 +1,6 @@
 """The load of ``kvmesh bench soak``: ``concurrency`` closed-loop clients through the router until a deadline, each
 drawing its next request's kind from its own ``random.Random`` (the run's seed and its index, so the sequence of
-kinds is the same every run), waiting ``think_s`` between requests; every outcome goes to a ``Tally``
+kinds is the same every run), waiting ``think_s`` between requests; every outcome goes to a ``SoakTally``
 (support/soak_verdict.py). A request that times out or loses its connection is a failure with that reason."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 from kvmesh.cluster.measure.benchmarks.support.soak_hostile import hostile
 from kvmesh.cluster.measure.benchmarks.support.soak_kinds import KINDS
-from kvmesh.cluster.measure.benchmarks.support.soak_verdict import Tally
+from kvmesh.cluster.measure.benchmarks.support.soak_verdict import SoakTally
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class TrafficSettings:
     seed: int = 0
 
 
-async def drive(url: str, key: str, settings: TrafficSettings, deadline: float, tally: Tally, t0: float) -> None:
+async def drive(url: str, key: str, settings: TrafficSettings, deadline: float, tally: SoakTally, t0: float) -> None:
     """Load until ``time.monotonic()`` passes ``deadline`` (requests in flight then are finished and counted)."""
     timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
     async with aiohttp.ClientSession(base_url=url, headers={"Authorization": f"Bearer {key}"},
@@ -39,7 +39,7 @@ async def drive(url: str, key: str, settings: TrafficSettings, deadline: float, 
 
 
 async def _client(session: aiohttp.ClientSession, settings: TrafficSettings, index: int, deadline: float,
-                  tally: Tally, t0: float) -> None:
+                  tally: SoakTally, t0: float) -> None:
     rng = random.Random(settings.seed * 1000 + index)
     names = [*KINDS, "hostile"]
     weights = [w for _, w in KINDS.values()] + [settings.hostile_weight]

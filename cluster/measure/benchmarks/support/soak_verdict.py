@@ -1,4 +1,4 @@
-"""What ``kvmesh bench soak`` concludes: every request's outcome counted by kind (``Tally``), each process's memory
+"""What ``kvmesh bench soak`` concludes: every request's outcome counted by kind (``SoakTally``), each process's memory
 growth after the warm-up (``growth``) and the verdict (``verdict``). Pure arithmetic on what the run recorded.
 
 A process's memory at the warm-up mark is the median of its samples in ``[warmup, warmup + window]``, at the end the
@@ -19,7 +19,7 @@ FAILURES_KEPT = 100
 
 
 @dataclass
-class Tally:
+class SoakTally:
     """Requests by kind: sent, succeeded (well-formed: complete; hostile: a clean 4xx) and failed, with reasons."""
 
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -70,7 +70,7 @@ def growth(samples: list[dict], name: str, warmup_s: float, window_s: float) -> 
             "first_mb": round(series[0][1], 1)}
 
 
-def verdict(samples: list[dict], names: list[str], tally: Tally, *, warmup_s: float, window_s: float,
+def verdict(samples: list[dict], names: list[str], tally: SoakTally, *, warmup_s: float, window_s: float,
             max_growth: float, exited: list[str]) -> dict:
     """Each process's growth (``growth``) and whether the run passes (the module doc)."""
     per = {name: growth(samples, name, warmup_s, window_s) for name in names}
