@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 from kvmesh.cluster.measure.benchmarks.soak import table
 from kvmesh.cluster.measure.benchmarks.support.soak_hostile import clean_refusal
-from kvmesh.cluster.measure.benchmarks.support.soak_verdict import FAILURES_KEPT, SoakTally, growth, verdict
+from kvmesh.cluster.measure.benchmarks.support.soak_verdict import (
+    FAILURES_KEPT,
+    SoakTally,
+    growth,
+    trend_mb_per_10min,
+    verdict,
+)
 
 
 def _samples(values: list[float], name: str = "router", every: float = 10.0) -> list[dict]:
@@ -92,9 +98,15 @@ def test_the_table_shows_each_process_growth_and_the_requests_by_kind():
     tally.record("chat", None, 1.0)
     tally.record("hostile", None, 2.0, "temperature NaN")
     samples = [{"t": t, "rss_mb": {"router": 100.0 + t}} for t in range(0, 21, 5)]
-    result = {"setup": {"warmup_s": 10, "duration_s": 20},
+    result = {"setup": {"warmup_s": 10, "duration_s": 20}, "samples": samples,
               "verdict": verdict(samples, ["router"], tally, warmup_s=10, window_s=0, max_growth=0.1, exited=[]),
               "tally": tally.as_dict()}
     text = table(result)
-    assert "| router | 110 MB | 120 MB | +9.1% | 120 MB |" in text
+    assert "| router | 110 MB | 120 MB | +9.1% | 120 MB | +600.0 MB per 10 min |" in text
     assert "| hostile (a clean 4xx each) | 1 | 1 | 0 |" in text and text.endswith("Verdict: PASS.")
+
+
+def test_the_trend_is_the_slope_after_the_warmup_mark_per_ten_minutes():
+    samples = [{"t": t, "rss_mb": {"router": 500.0 if t < 300 else 100 + t / 60}} for t in range(0, 1801, 60)]
+    assert trend_mb_per_10min(samples, "router", 300) == pytest.approx(10.0)  # 1 MB a minute; the warm-up's jump not
+    assert trend_mb_per_10min(samples[:6], "router", 300) == 0.0  # one sample after the mark: no slope

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.soak_fleet import SoakFleet
 from kvmesh.cluster.measure.benchmarks.support.soak_traffic import TrafficSettings, drive
-from kvmesh.cluster.measure.benchmarks.support.soak_verdict import SoakTally, verdict
+from kvmesh.cluster.measure.benchmarks.support.soak_verdict import SoakTally, trend_mb_per_10min, verdict
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 
@@ -53,10 +53,13 @@ def table(result: dict) -> str:
     """Each process's memory and the requests by kind as Markdown (``kvmesh bench report``'s ``soak`` kind)."""
     v, setup = result["verdict"], result["setup"]
     lines = [f"| process | RSS at {setup['warmup_s'] / 60:g} min | at the end ({setup['duration_s'] / 60:g} min) | "
-             f"growth (bound {100 * v['max_growth']:g}%) | peak after warm-up |", "|---|---|---|---|---|"]
+             f"growth (bound {100 * v['max_growth']:g}%) | peak after warm-up | trend after warm-up |",
+             "|---|---|---|---|---|---|"]
     for name, row in v["processes"].items():
+        trend = trend_mb_per_10min(result["samples"], name, setup["warmup_s"])
         lines.append(f"| {name} | {row['at_warmup_mb']:.0f} MB | {row['at_end_mb']:.0f} MB | "
-                     f"{100 * row['growth']:+.1f}% | {row['peak_after_warmup_mb']:.0f} MB |")
+                     f"{100 * row['growth']:+.1f}% | {row['peak_after_warmup_mb']:.0f} MB | "
+                     f"{trend:+.1f} MB per 10 min |")
     by_kind = result["tally"]["by_kind"]
     lines += ["", "| requests | sent | as they must be | failed |", "|---|---|---|---|"]
     for kind, row in sorted(by_kind.items()):

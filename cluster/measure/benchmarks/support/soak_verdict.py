@@ -70,6 +70,18 @@ def growth(samples: list[dict], name: str, warmup_s: float, window_s: float) -> 
             "first_mb": round(series[0][1], 1)}
 
 
+def trend_mb_per_10min(samples: list[dict], name: str, warmup_s: float) -> float:
+    """The least-squares slope of process ``name``'s memory after the warm-up mark, MB per 10 minutes (a steady
+    climb within the bound shows here: what a longer run would add)."""
+    series = [(s["t"], s["rss_mb"][name]) for s in samples if name in s["rss_mb"] and s["t"] >= warmup_s]
+    if len(series) < 2:
+        return 0.0
+    mean_t = sum(t for t, _ in series) / len(series)
+    mean_v = sum(v for _, v in series) / len(series)
+    spread = sum((t - mean_t) ** 2 for t, _ in series)
+    return 600 * sum((t - mean_t) * (v - mean_v) for t, v in series) / spread if spread else 0.0
+
+
 def verdict(samples: list[dict], names: list[str], tally: SoakTally, *, warmup_s: float, window_s: float,
             max_growth: float, exited: list[str]) -> dict:
     """Each process's growth (``growth``) and whether the run passes (the module doc)."""
