@@ -17,7 +17,8 @@ kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --work
 a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``multi_router``: ``kvmesh bench multi-router``'s runs through
 one router, spread over several and with one killed; ``fleet_quota``: ``kvmesh bench fleet_quota``'s tenant rate
-and a light tenant's latency per router count; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
+and a light tenant's latency per router count; ``soak``: ``kvmesh bench soak``'s memory per process from the
+warm-up mark to the end and its requests by kind; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
 one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy
 matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved; ``verdict``: ``kvmesh bench policy_matrix
@@ -214,6 +215,15 @@ def first_constrained_table(result: dict) -> str:
 
 
 RENDERERS["first_constrained"] = first_constrained_table  # a replica's first constrained request, build against build
+
+
+def soak_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.soak import table
+
+    return table(result)
+
+
+RENDERERS["soak"] = soak_table  # kvmesh bench soak: each process's memory over half an hour of mixed traffic
 
 
 def render(text: str, root: Path) -> tuple[str, list[str]]:
