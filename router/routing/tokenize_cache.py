@@ -55,8 +55,8 @@ class FastTokenizer(Protocol):
 
 DEFAULT_MAX_CACHED_TOKENS = 1 << 20
 """Token ids kept in the piece cache by default. A cached id costs the router about 43 bytes (its list slot, the int
-object, its share of the piece's text: measured with tracemalloc on stories260K), so the full cache holds some 45 MB;
-a long soak's router grows toward that and stops there."""
+object, its share of the piece's text: measured with tracemalloc on stories260K), so the full cache holds some 45 MB
+(what a long run's router memory gains from it at most)."""
 
 DEFAULT_CHUNK_CHARS = 256
 """Characters between cuts of a long piece (where cutting at spaces is exact)."""
