@@ -1,6 +1,7 @@
 """The default policy where several routers book on the same replicas (``ReplicaLoad.other_routers``, from the
-published load's ``accepted``): its choice is drawn among the near-equal cheapest (``near_share``), so routers deciding
-inside one burst on the same load do not all send it to one replica; a router alone chooses as before."""
+published load's ``accepted``): with ``near_share`` its choice is drawn among the near-equal cheapest, so routers
+deciding inside one burst on the same load do not all send it to one replica; a router alone chooses as before, and
+without it (the default) every router takes the cheapest."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .helpers import candidates, plain
 from .test_pruned_routing import BS, random_router
 
 KEYS = list(range(64))  # a 1,024-token prompt
-NO_CHURN = CacheAwareTokensConfig(churn_weight=0.0, decode_weight=0.0)
+NO_CHURN = CacheAwareTokensConfig(churn_weight=0.0, decode_weight=0.0, near_share=0.15)
 
 
 def _fleet(others: int, **queued: int) -> dict[str, ReplicaLoad]:
@@ -58,14 +59,13 @@ def test_two_routers_on_one_load_do_not_rotate_in_step():
 
 
 def test_a_cached_prefix_keeps_its_holder_whatever_the_router_count():
-    policy = get_policy("cache_aware_tokens", block_size=BS, seed=3)
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(near_share=0.15), block_size=BS, seed=3)
     # the hostile case: a replica's feed claiming a thousand other routers only allows the draw among the near-equal
     assert set(_picks(policy, _fleet(1_000), {"r2": 60})) == {"r2"}
 
 
-def test_zero_share_is_the_cheapest_only_with_other_routers_too():
-    policy = CacheAwareTokensPolicy(CacheAwareTokensConfig(near_share=0.0, churn_weight=0.0, decode_weight=0.0), BS,
-                                    seed=1)
+def test_by_default_every_router_takes_the_cheapest_with_other_routers_too():
+    policy = CacheAwareTokensPolicy(CacheAwareTokensConfig(churn_weight=0.0, decode_weight=0.0), BS, seed=1)
     assert set(_picks(policy, _fleet(3, r0=10, r1=20, r2=30, r3=40))) == {"r0"}
 
 

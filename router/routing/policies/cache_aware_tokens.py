@@ -53,11 +53,12 @@ costs its computed tokens once more per such pull: the pulled request joins the 
 waits through them, a full prefill token each, as the first term prices them. Without pulls none is priced unless
 ``ghost_weight`` is set. Their verdict: docs/benchmarks/routing-against-peers.md.
 **Several routers** (a replica's published load counts other routers' requests: ``ReplicaLoad.other_routers``):
-the choice is drawn at random among the candidates within ``near_share`` x the cheapest one's uncached tokens of its
-cost, about what queueing this request there adds to its cost for the next. Routers deciding inside one burst on
-the same published load would otherwise all send it to the one cheapest replica, which one router would have spread
-as its own bookings raised that replica's cost (docs/multi-host-routers.md). A router alone takes the cheapest, and
-exact ties rotate so an idle cluster is filled evenly.
+with ``near_share`` > 0 (an option, off by default) the choice is drawn at random among the candidates within
+``near_share`` x the cheapest one's uncached tokens of its cost, about what queueing this request there adds to its
+cost for the next. Routers deciding inside one burst on the same published load otherwise all send it to the one
+cheapest replica, which one router would have spread as its own bookings raised that replica's cost
+(docs/multi-host-routers.md). A router alone takes the cheapest, and exact ties rotate so an idle cluster is filled
+evenly.
 With ``temperature > 0`` the choice is sampled with probability ``exp(-(cost - min_cost) / temperature)``.
 """
 

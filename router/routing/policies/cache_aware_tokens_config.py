@@ -19,12 +19,13 @@ class CacheAwareTokensConfig(PolicyConfig):
     """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
     temperature: float = 0.0
     """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
-    near_share: float = 0.15
-    """Where other routers book on the same replicas (``ReplicaLoad.other_routers``): candidates costing at most this
-    share of the cheapest one's uncached prompt tokens more than it are near-equal, and the choice among them is
-    drawn at random, about what queueing this request on the cheapest adds to its cost for the next
-    (``backlog_weight``). Routers deciding inside one burst on the same published load then spread it instead of all
-    sending it to one replica. A router alone takes the cheapest. 0: the cheapest only."""
+    near_share: float = 0.0
+    """Where other routers book on the same replicas (``ReplicaLoad.other_routers``): draw the choice at random among
+    the candidates costing at most this share of the cheapest one's uncached prompt tokens more than it (0.15 is
+    about what queueing the request there adds to its cost for the next), so that routers deciding inside one burst
+    on the same published load do not all send it to one replica. A router alone takes the cheapest. 0 (the
+    default): every router takes the cheapest; in the simulator 0.15 cut a burst's excess TTFT but gave up hit share
+    on steady conversation traffic (BENCHMARKS.md, "Routers that share only what the replicas publish")."""
     session_slack_tokens: float = 0.0
     """How much more (in cost units, prefill tokens) a session's replica may cost than the cheapest one before the
     session is released to the cheapest. 0: the pin holds while its replica is among the cheapest; the index already
