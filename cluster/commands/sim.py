@@ -114,20 +114,25 @@ def load_replication(workload: SimWorkloadOptions, shape: WorkloadShape,
     """The records to simulate, windowed (``cut_trace``), and with ``--arrival-seed`` the replication's arrivals
     and the line saying how they were drawn (None without it: the records as they are)."""
     from kvmesh.cluster.measure.sim.replica import cut_trace
-    from kvmesh.cluster.measure.workloads.arrivals import redraw_seed, spread_arrivals
+    from kvmesh.cluster.measure.workloads.arrivals import on_clock, redraw_seed, shuffle_ticks, spread_arrivals
     from kvmesh.cluster.measure.workloads.registry import get_workload
 
+    clock = workload.arrival_clock_ms
+
     def window(records: list[MooncakeRecord]) -> list[MooncakeRecord]:
-        return cut_trace(records, workload.start, workload.limit, workload.max_prompt_blocks)
+        records = cut_trace(records, workload.start, workload.limit, workload.max_prompt_blocks)
+        return records if clock is None else on_clock(records, clock)
 
     k = workload.arrival_seed
     if k is None:
         return window(load_workload(workload, shape, seed)), None
-    if workload.synthetic or get_workload(workload.workload).trace_file is None:
-        redrawn = redraw_seed(seed, k)
-        return (window(load_workload(workload, shape, redrawn)),
-                f"arrival seed {k}: the generated workload redrawn (its seed {redrawn})")
-    return spread_arrivals(window(load_workload(workload, shape, seed)), k)
+    redrawn = workload.synthetic or get_workload(workload.workload).trace_file is None
+    records = window(load_workload(workload, shape, redraw_seed(seed, k) if redrawn else seed))
+    if redrawn and clock is None:
+        return records, f"arrival seed {k}: the generated workload redrawn (its seed {redraw_seed(seed, k)})"
+    moved, line = shuffle_ticks(records, k) if workload.arrival_spread == "order" else \
+        spread_arrivals(records, k, clock)
+    return moved, f"{line} (the generated workload redrawn)" if redrawn else line
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,6 +57,9 @@ class ReplicaLoad:
     """Device blocks its KV events stored (the blocks ``comeback`` is taken over)."""
     came_back_blocks: int = 0
     """Of ``stored_blocks``, those that came back after an eviction (on it or another replica)."""
+    other_routers: int = 0
+    """Routers besides this one whose requests the replica's last published load says it accepted (its ``accepted``):
+    0 for a router alone. Such routers decide on the same load without seeing each other's latest choices."""
     evicting: float = 0.0
     """Share of the device blocks the replica stored lately that evicted a cached block (from its KV events:
     router/routing/evicting.py): 0 while its cache fills, about 1 once every store pushes a block out."""

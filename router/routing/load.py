@@ -121,6 +121,7 @@ class LoadTracker:
         if bookings is None:
             bookings = load.bookings = Bookings()
         bookings.acknowledge(update.accepted.get(self.router_id, 0), now, BOOKING_MAX_AGE_S)
+        load.other_routers = len(update.accepted) - (self.router_id in update.accepted)
         self._set_unacked(load, bookings)
         if update.churn_tau_s == self.churn_tau_s:  # the fleet's rates, which this router sees only its share of
             scale = self._churn_scale(now)

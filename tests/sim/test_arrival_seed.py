@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from kvmesh.cluster.measure.workloads.arrivals import detect, spread_arrivals
@@ -90,3 +91,42 @@ def test_generated_workload_is_redrawn(tmp_path):
     b, _ = load_replication(SimWorkloadOptions(workload="chatbot", num_requests=40, arrival_seed=1), WorkloadShape(), 0)
     c, _ = load_replication(SimWorkloadOptions(workload="chatbot", num_requests=40, arrival_seed=2), WorkloadShape(), 0)
     assert "redrawn" in line_a and a == b and a != c and a != plain
+
+
+def test_a_coarse_clock_puts_each_ticks_requests_together_and_the_order_seed_draws_only_their_order():
+    from kvmesh.cluster.measure.workloads.arrivals import on_clock, shuffle_ticks
+
+    fine = [MooncakeRecord(t * 130.0, 600, 4, (t,)) for t in range(40)]
+    ticked = on_clock(fine, 1000)
+    assert [r.timestamp_ms for r in ticked] == [(t * 130 // 1000) * 1000.0 for t in range(40)]
+    a, line = shuffle_ticks(ticked, 5)
+    assert "arrive together" in line and "arrival seed 5" in line
+    assert [r.timestamp_ms for r in a] == [r.timestamp_ms for r in ticked]  # stamps kept, in order
+    assert sorted(r.hash_ids for r in a) == sorted(r.hash_ids for r in ticked)
+    assert shuffle_ticks(ticked, 5)[0] == a and shuffle_ticks(ticked, 6)[0] != a
+    assert {r.hash_ids for r in a[:8]} == {r.hash_ids for r in ticked[:8]}  # the first tick's 8 stay in it
+
+
+def test_jitter_on_a_coarse_clock_spreads_each_request_inside_its_tick():
+    from kvmesh.cluster.commands.sim import load_replication
+    from kvmesh.cluster.measure.sim.options import SimWorkloadOptions
+    from kvmesh.cluster.measure.workloads.settings import WorkloadShape
+
+    w = SimWorkloadOptions(limit=200, arrival_clock_ms=1000, arrival_seed=2)
+    plain, _ = load_replication(SimWorkloadOptions(limit=200), WorkloadShape(), 0)
+    moved, line = load_replication(w, WorkloadShape(), 0)
+    assert "1000 ms clock" in line
+    ticks = Counter((r.hash_ids, r.timestamp_ms // 1000) for r in plain)
+    assert Counter((r.hash_ids, r.timestamp_ms // 1000) for r in moved) == ticks
+    assert len({r.timestamp_ms for r in moved}) == len(moved)
+    bursts, line = load_replication(SimWorkloadOptions(limit=200, arrival_clock_ms=1000, arrival_seed=2,
+                                                       arrival_spread="order"), WorkloadShape(), 0)
+    assert "arrive together" in line and all(r.timestamp_ms % 1000 == 0 for r in bursts)
+
+
+@pytest.mark.parametrize("bad", [{"arrival_clock_ms": 0}, {"arrival_clock_ms": -5.0}, {"arrival_spread": "shuffle"}])
+def test_a_bad_clock_or_spread_is_refused_by_name(bad):
+    from kvmesh.cluster.measure.sim.options import SimWorkloadOptions
+
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SimWorkloadOptions(**bad)

@@ -11,6 +11,7 @@ from kvmesh.cluster.config.schema import Schema
 from kvmesh.cluster.config.trees import ROUTER_FIXED
 from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
 from kvmesh.cluster.measure.sim.lora_config import ADAPTER_AFFINITY_MODES
+from kvmesh.cluster.measure.workloads.arrivals import ARRIVAL_SPREADS
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
 from kvmesh.cluster.measure.workloads.traces import default_trace
@@ -53,9 +54,22 @@ class SimWorkloadOptions:
     arrival_seed: int | None = None
     """A replication: each trace request arrives at a time drawn inside its timestamp's tick, a generated workload
     is redrawn; every policy sees the same arrivals (None: the trace's timestamps as they are)."""
+    arrival_clock_ms: float | None = None
+    """Stamp the arrivals on a clock of this many milliseconds of the workload's time (before --time-scale): each
+    moves down to the start of its tick, so a tick's requests arrive together, as from a trace logged in whole
+    seconds (bursts: an agent's fan-out, a batch client). None: the stamps as they are."""
+    arrival_spread: str = "jitter"
+    """What --arrival-seed varies in a trace: ``jitter``, each arrival drawn inside its tick; ``order``, every request
+    kept on its stamp (a tick's requests together) and the order within a tick drawn (which is routed first, and
+    which router takes it). A generated workload is redrawn in both."""
 
     def __post_init__(self) -> None:
         get_workload(self.workload)
+        if self.arrival_spread not in ARRIVAL_SPREADS:
+            raise ValueError(f"arrival_spread must be one of {', '.join(ARRIVAL_SPREADS)}; "
+                             f"got {self.arrival_spread!r}")
+        if self.arrival_clock_ms is not None and not self.arrival_clock_ms > 0:
+            raise ValueError(f"arrival_clock_ms must be > 0 milliseconds, got {self.arrival_clock_ms}")
 
     def settings(self, seed: int, shape: WorkloadShape) -> WorkloadSettings:
         """The registry's settings (``--synthetic N`` is ``--workload multi_turn --num-requests N``)."""

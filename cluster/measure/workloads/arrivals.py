@@ -7,6 +7,10 @@ request arrives uniformly inside ``[stamp, stamp + tick)``, instead of a tick's 
 no client sends. Where stamps are distinct, each arrival moves forward by a uniform share of ``JITTER_SHARE`` x the
 mean gap. One seed gives one set of arrivals; every policy of a comparison replays the same one (common random
 numbers), and another seed is another replication.
+
+Bursts (``--arrival-clock-ms``, ``--arrival-spread order``): the stamps moved down onto a coarse clock keep a tick's
+requests together, as a trace logged in whole seconds replays them; the seed then draws only the order of the
+requests inside each tick (which one is routed first, and which router takes it), not their time.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ SHARED_STAMPS = 1.5
 """Requests per distinct stamp from which the stamps are read as a coarse clock (ticks), below it as distinct."""
 JITTER_SHARE = 0.5
 """Where stamps are distinct: an arrival moves forward by up to this share of the mean gap."""
+ARRIVAL_SPREADS = ("jitter", "order")
+"""What an arrival seed varies in a trace (``SimWorkloadOptions.arrival_spread``): the times inside a tick, or only
+the order of a tick's requests, which then arrive together."""
 FINE_STEP = 0.1
 """A common step below this share of the median gap is no tick (irregular stamps): the median gap is the tick."""
 
@@ -67,13 +74,32 @@ def detect(records: list[MooncakeRecord]) -> Resolution:
     return Resolution(JITTER_SHARE * (stamps[-1] - stamps[0]) / len(gaps), False, per_stamp)
 
 
-def spread_arrivals(records: list[MooncakeRecord], seed: int) -> tuple[list[MooncakeRecord], str]:
-    """``records`` with each arrival drawn inside its tick (``detect``), in arrival order, and the line saying how."""
-    resolution = detect(records)
+def spread_arrivals(records: list[MooncakeRecord], seed: int,
+                    clock_ms: float | None = None) -> tuple[list[MooncakeRecord], str]:
+    """``records`` with each arrival drawn inside its tick (``detect``, or ``clock_ms`` where the stamps were put on
+    that clock), in arrival order, and the line saying how."""
+    resolution = detect(records) if clock_ms is None else Resolution(clock_ms, True, detect(records).per_stamp)
     rng = random.Random(seed)
     moved = [replace(r, timestamp_ms=r.timestamp_ms + rng.random() * resolution.tick_ms) for r in records]
     moved.sort(key=lambda r: r.timestamp_ms)
     return moved, resolution.describe(seed)
+
+
+def on_clock(records: list[MooncakeRecord], clock_ms: float) -> list[MooncakeRecord]:
+    """``records`` stamped on a clock of ``clock_ms``: each arrival moved down to its tick's start (a tick's requests
+    then arrive together), in their order."""
+    return [replace(r, timestamp_ms=math.floor(r.timestamp_ms / clock_ms) * clock_ms) for r in records]
+
+
+def shuffle_ticks(records: list[MooncakeRecord], seed: int) -> tuple[list[MooncakeRecord], str]:
+    """``records`` on their stamps, the order of the requests sharing a stamp drawn by ``seed``, and the line
+    saying how."""
+    rng = random.Random(seed)
+    keyed = sorted((r.timestamp_ms, rng.random(), i) for i, r in enumerate(records))
+    per_stamp = len(records) / max(1, len({r.timestamp_ms for r in records}))
+    return ([records[i] for _, _, i in keyed],
+            f"arrival seed {seed}: each stamp's requests arrive together ({per_stamp:.1f} per stamp); their order "
+            f"within it drawn")
 
 
 def redraw_seed(seed: int, arrival_seed: int) -> int:

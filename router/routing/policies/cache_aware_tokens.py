@@ -52,9 +52,14 @@ router/routing/eviction_ghosts.py). A candidate a committed pull is still landin
 costs its computed tokens once more per such pull: the pulled request joins the queue when its transfer ends and
 waits through them, a full prefill token each, as the first term prices them. Without pulls none is priced unless
 ``ghost_weight`` is set. Their verdict: docs/benchmarks/routing-against-peers.md.
-With ``temperature > 0`` the choice is sampled
-with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
-replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
+**Several routers** (a replica's published load counts other routers' requests: ``ReplicaLoad.other_routers``):
+with ``near_share`` > 0 (an option, off by default) the choice is drawn at random among the candidates within
+``near_share`` x the cheapest one's uncached tokens of its cost, about what queueing this request there adds to its
+cost for the next. Routers deciding inside one burst on the same published load otherwise all send it to the one
+cheapest replica, which one router would have spread as its own bookings raised that replica's cost
+(docs/multi-host-routers.md). A router alone takes the cheapest, and exact ties rotate so an idle cluster is filled
+evenly.
+With ``temperature > 0`` the choice is sampled with probability ``exp(-(cost - min_cost) / temperature)``.
 """
 
 from __future__ import annotations
@@ -122,10 +127,15 @@ class CacheAwareTokensPolicy(TokensCost):
                      else self.costs(request_keys, matches, candidates, num_prompt_tokens, tiers.pullable))
             return self._cheapest(costs, candidates)
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        loads = candidates.loads
+        loads, share = candidates.loads, self._near_share(candidates)
         if type(loads) is CandidateLoads and len(loads) >= COLUMNS_FROM_CANDIDATES:  # no ABC isinstance per request
-            return self._one_of(candidates, cheapest_rows(c, self.block_size, prompt, matches, loads).tolist())
-        return self._one_of(candidates, self._cheapest_walk(prompt, matches, candidates))
+            return self._one_of(candidates, cheapest_rows(c, self.block_size, prompt, matches, loads, share), share)
+        return self._one_of(candidates, self._cheapest_walk(prompt, matches, candidates, share), share)
+
+    def _near_share(self, candidates: Candidates) -> float:
+        """``near_share`` where other routers book on these candidates too (``ReplicaLoad.other_routers``), else 0:
+        a router alone sees each of its choices before the next."""
+        return self.config.near_share if any(r.load.other_routers for r in candidates) else 0.0
 
     def _cheapest(self, costs: dict[str, float], candidates: Candidates) -> Replica:
         """The candidate of the lowest cost (``costs`` by id, in the candidates' order): ties rotate, or with
@@ -137,28 +147,33 @@ class CacheAwareTokensPolicy(TokensCost):
         weights = [math.exp((best - cost) / t) for cost in costs.values()]
         return candidates[self.rng.choices(range(len(costs)), weights)[0]]
 
-    def _one_of(self, candidates: Candidates, ties: Sequence[int]) -> Replica:
-        """The candidate at ``ties[0]``, or the next in turn among several tied (an idle fleet fills evenly)."""
-        if len(ties) == 1:
-            return candidates[int(ties[0])]
+    def _one_of(self, candidates: Candidates, rows: Sequence[int], share: float = 0.0) -> Replica:
+        """The candidate at the one position in ``rows``; among several, drawn at random where other routers book
+        (``share`` > 0: their rotations would go in step), else the next in turn (an idle fleet fills evenly)."""
+        if len(rows) == 1:
+            return candidates[int(rows[0])]
+        if share > 0:
+            return candidates[int(rows[self.rng.randrange(len(rows))])]
         self._tie += 1
-        return candidates[int(ties[self._tie % len(ties)])]
+        return candidates[int(rows[self._tie % len(rows)])]
 
-    def _cheapest_walk(self, prompt: int, matches: Matches, candidates: Candidates) -> list[int]:
-        """The positions of the cheapest candidates, in one pass with the fields read directly (this runs once per
-        request over every candidate): ``costs``' arithmetic inlined."""
+    def _cheapest_walk(self, prompt: int, matches: Matches, candidates: Candidates, share: float) -> list[int]:
+        """The positions of the cheapest candidates and those within ``share`` of its uncached tokens of it, in one
+        pass with the fields read directly (this runs once per request over every candidate): ``costs``' arithmetic
+        inlined."""
         c = self.config
         bs, w, wb, get = self.block_size, c.decode_weight, self._backlog_weight(candidates), matches.get
         churn, release, busy = self._churn_factor(candidates), c.backlog_release_tokens, self._busy(candidates)
         cw, hi = c.churn_weight, c.churn_clamp
         lo, step = 1 / hi, c.decode_step_tokens
-        best_cost, ties = math.inf, []
-        for i, replica in enumerate(candidates):
+        best_cost, best_uncached, costs = math.inf, 0.0, []
+        for replica in candidates:
             load = replica.load
             cached = get(replica.id)
             cost: float = prompt - bs * cached if cached else prompt
             if cost < 0:
                 cost = 0
+            uncached = cost
             backlog = load.prefill_backlog
             steps = (backlog + cost) / step
             ev = load.evicting if load.evicting > busy else busy
@@ -168,8 +183,8 @@ class CacheAwareTokensPolicy(TokensCost):
             cost += wb * backlog + w * (steps if steps > 1 else 1) * load.decode_load
             if backlog > release:
                 cost += (1 - wb) * (backlog - release)
+            costs.append(cost)
             if cost < best_cost:
-                best_cost, ties = cost, [i]
-            elif cost == best_cost:
-                ties.append(i)
-        return ties
+                best_cost, best_uncached = cost, uncached
+        bound = best_cost + share * best_uncached
+        return [i for i, cost in enumerate(costs) if cost <= bound]

@@ -13,9 +13,9 @@ from kvmesh.router.routing.tier_matches import Matches
 
 
 def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, matches: Matches,
-                  rows_of: CandidateLoads) -> np.ndarray:
-    """The positions among the candidates (``rows_of.rows``: their rows of the load columns) of the cheapest, in
-    order."""
+                  rows_of: CandidateLoads, share: float = 0.0) -> list[int]:
+    """The positions among the candidates (``rows_of.rows``: their rows of the load columns) of the cheapest and of
+    those within ``share`` of its uncached tokens of it, in order."""
     cols, rows = rows_of.columns, rows_of.rows
     cached = np.zeros(len(cols.ids), dtype=np.int64)
     row_of = cols.row
@@ -24,6 +24,7 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
         if row is not None:
             cached[row] = blocks
     cost = np.maximum(prompt - block_size * cached[rows], 0).astype(np.float64)  # [k] uncached tokens
+    uncached = cost
     backlog, decode = cols.backlog[rows], cols.batch[rows]
     steps = np.maximum((backlog + cost) / c.decode_step_tokens, 1.0)
     recent = cols.recent_prefill[rows]
@@ -42,4 +43,6 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
     release = c.backlog_release_tokens
     if release < math.inf:
         cost = np.where(backlog > release, cost + (1 - wb) * (backlog - release), cost)
-    return np.flatnonzero(cost == cost.min())
+    first = int(np.argmin(cost))
+    best = cost[first]
+    return np.flatnonzero(cost <= best + share * uncached[first]).tolist()

@@ -19,6 +19,13 @@ class CacheAwareTokensConfig(PolicyConfig):
     """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
     temperature: float = 0.0
     """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
+    near_share: float = 0.0
+    """Where other routers book on the same replicas (``ReplicaLoad.other_routers``): draw the choice at random among
+    the candidates costing at most this share of the cheapest one's uncached prompt tokens more than it (0.15 is
+    about what queueing the request there adds to its cost for the next), so that routers deciding inside one burst
+    on the same published load do not all send it to one replica. A router alone takes the cheapest. 0 (the
+    default): every router takes the cheapest; in the simulator 0.15 cut a burst's excess TTFT but gave up hit share
+    on steady conversation traffic (BENCHMARKS.md, "Routers that share only what the replicas publish")."""
     session_slack_tokens: float = 0.0
     """How much more (in cost units, prefill tokens) a session's replica may cost than the cheapest one before the
     session is released to the cheapest. 0: the pin holds while its replica is among the cheapest; the index already
@@ -65,8 +72,8 @@ class CacheAwareTokensConfig(PolicyConfig):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
-        for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
-                     "filling_backlog_weight", "backlog_release_tokens", "ghost_weight"):
+        for name in ("decode_weight", "backlog_weight", "near_share", "temperature", "session_slack_tokens",
+                     "churn_weight", "filling_backlog_weight", "backlog_release_tokens", "ghost_weight"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")

@@ -1,23 +1,25 @@
 """The table of N routers that share no memory, each seeing the load the replicas publish (``kvmesh sim --routers
 1,4,16 --published-loads``), against one router, over arrival seeds: one results file per seed.
 
-A row per router count: hit rate and mean TTFT (mean over the seeds), and each seed's difference from one router
-on the same arrivals (mean, its 95% interval over the seeds, and the worst seed): a mean difference within
-``HIT_POINTS`` points of hit rate and ``TTFT_SHARE`` of mean TTFT is the bar the row is held to.
+A row per router count: the hit rate as a share of the single pool's and the mean TTFT (means over the seeds), and
+each seed's difference from one router on the same arrivals, with its 95% interval over the seeds
+(support/paired_verdict.py): within ``HIT_SHARE`` (points of the pool's share) and ``TTFT_MEAN`` (of the mean TTFT)
+is the bar, judged as the policy verdict judges: ``pass`` when the whole interval is within it, ``fail`` when the
+whole interval is beyond, ``undecided`` when it straddles (more seeds, not a verdict).
 """
 
 from __future__ import annotations
 
 from statistics import mean
 
-from kvmesh.cluster.measure.loadgen.intervals import interval
+from kvmesh.cluster.measure.benchmarks.support.paired_verdict import Metric, judge, paired
 
-__all__ = ["HIT_POINTS", "TTFT_SHARE", "table"]
+__all__ = ["HIT_SHARE", "TTFT_MEAN", "table"]
 
-HIT_POINTS = 0.5
-"""Points of hit rate N routers may lose against one."""
-TTFT_SHARE = 0.02
-"""Share of mean TTFT N routers may add against one."""
+HIT_SHARE = Metric("hit_share", "hit (of pool)", True, 0.01, True)
+"""Points of the single pool's share N routers may lose against one (0.01: 1 point)."""
+TTFT_MEAN = Metric("ttft_mean", "TTFT mean", False, 0.05, True)
+"""Share of mean TTFT N routers may add against one (0.05: 5%)."""
 
 
 def _runs(doc: dict) -> dict[int, dict]:
@@ -25,10 +27,33 @@ def _runs(doc: dict) -> dict[int, dict]:
     return {p["num_routers"]: p for p in doc["policies"].values()}
 
 
+def _pool_share(doc: dict, run: dict) -> float:
+    pool = doc.get("ceilings", {}).get("single_pool_hit_rate")
+    if not pool:
+        raise ValueError("a published-load report without the single pool's ceiling; re-run its command without "
+                         "--no-ceilings")
+    return run["hit_rate"] / pool
+
+
 def _lag(config: dict) -> str:
     every, lag = config["load_publish_interval_s"], config["load_publish_lag_s"]
     return (f"a request it accepted published at once and a step's change within {every * 1e3:.0f} ms, read "
             f"{lag * 1e3:.0f} ms later")
+
+
+def _row(docs: list[dict], n: int) -> str:
+    """The row of ``n`` routers (one router's: the reference, no differences)."""
+    runs = [(_runs(d)[n], _runs(d)[1], d) for d in docs]
+    share = mean(_pool_share(d, r) for r, _, d in runs)
+    ttft, p99 = mean(r["ttft_s"]["mean"] for r, _, _ in runs), mean(r["ttft_s"]["p99"] for r, _, _ in runs)
+    if n == 1:
+        return f"| 1 | {share:.1%} | | {ttft:.3f} s | | {p99:.2f} s | |"
+    hit = paired(HIT_SHARE, [_pool_share(d, r) for r, _, d in runs], [_pool_share(d, o) for _, o, d in runs])
+    time = paired(TTFT_MEAN, [r["ttft_s"]["mean"] for r, _, _ in runs], [o["ttft_s"]["mean"] for _, o, _ in runs])
+    verdicts = {judge(HIT_SHARE, hit), judge(TTFT_MEAN, time)}
+    verdict = "fail" if "fail" in verdicts else "undecided" if "undecided" in verdicts else "pass"
+    return (f"| {n} | {share:.1%} | {hit.describe(HIT_SHARE)} | {ttft:.3f} s | {time.describe(TTFT_MEAN)} "
+            f"| {p99:.2f} s | {verdict} |")
 
 
 def table(docs: list[dict]) -> str:
@@ -39,24 +64,13 @@ def table(docs: list[dict]) -> str:
     counts = sorted(_runs(docs[0]))
     if counts[0] != 1:
         raise ValueError("the published-load runs need --routers 1,... (one router is what N are compared with)")
-    out = [f"| routers ({len(docs)} arrival seeds) | hit rate | vs 1 router [95% interval] (worst seed) | mean TTFT "
-           "| vs 1 router [95% interval] (worst seed) | TTFT p99 | within 0.5 points and 2% |",
+    policies = sorted({r["policy"] for d in docs for r in d["policies"].values()})
+    out = [f"| routers ({len(docs)} arrival seeds) | hit, share of the pool | vs 1 router [95% interval] "
+           f"| mean TTFT | vs 1 router [95% interval] | TTFT p99 | within {100 * HIT_SHARE.margin:g} point and "
+           f"{100 * TTFT_MEAN.margin:g}% |",
            "|---|---|---|---|---|---|---|"]
-    for n in counts:
-        runs = [(_runs(d)[n], _runs(d)[1]) for d in docs]
-        hits = [(r["hit_rate"] - one["hit_rate"]) * 100 for r, one in runs]
-        ttfts = [r["ttft_s"]["mean"] / one["ttft_s"]["mean"] - 1 for r, one in runs]
-        hit, ttft = mean(r["hit_rate"] for r, _ in runs), mean(r["ttft_s"]["mean"] for r, _ in runs)
-        p99 = mean(r["ttft_s"]["p99"] for r, _ in runs)
-        if n == 1:
-            out.append(f"| 1 | {hit:.1%} | | {ttft:.3f} s | | {p99:.2f} s | |")
-            continue
-        ok = mean(hits) >= -HIT_POINTS and mean(ttfts) <= TTFT_SHARE
-        (dh, hh), (dt, ht) = interval(hits), interval([t * 100 for t in ttfts])
-        out.append(f"| {n} | {hit:.1%} | {dh:+.2f} pt [{dh - hh:+.2f}, {dh + hh:+.2f}] ({min(hits):+.2f}) | {ttft:.3f} "
-                   f"s "
-                   f"| {dt:+.1f}% [{dt - ht:+.1f}, {dt + ht:+.1f}] ({max(ttfts):+.1%}) | {p99:.2f} s "
-                   f"| {'yes' if ok else 'no'} |")
-    out.append(f"\nEach router's view of a replica: {_lag(docs[0]['config'])}, plus its own requests the replica "
-               "had not counted then.")
+    out += [_row(docs, n) for n in counts]
+    arrivals = docs[0].get("trace", {}).get("arrivals", "the trace's own arrivals")
+    out.append(f"\nPolicy {', '.join(policies)}. Each router's view of a replica: {_lag(docs[0]['config'])}, plus "
+               f"its own requests the replica had not counted then. Arrivals (first seed): {arrivals}.")
     return "\n".join(out)
