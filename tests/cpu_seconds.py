@@ -1,0 +1,71 @@
+"""Where a run's CPU goes: each test's CPU seconds and each test process's collection, written when asked.
+
+``KVMESH_TEST_CPU_DIR=DIR`` makes each test process (xdist's controller and workers, or the only one) write
+``DIR/<process>.json``: its CPU seconds when collection ended (interpreter start, imports, collecting), its total, and
+each test's (setup + call + teardown: this process's user + system time, threads included, plus that of the child
+processes it waited for meanwhile). CPU, not wall time: a loaded machine stretches the one, not the other.
+``python tests/cpu_seconds.py DIR`` sums the files and names the costliest tests: those over about a CPU second belong
+in tests/tiers.py's ``SLOW_TESTS``, with their reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+
+import pytest
+
+DIR_ENV = "KVMESH_TEST_CPU_DIR"
+
+
+def cpu_now() -> float:
+    """This process's user + system seconds and those of the children it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class Recorder:
+    def __init__(self, out: Path, name: str) -> None:
+        self.out, self.name = out, name
+        self.collected_s: float | None = None
+        self.tests: dict[str, float] = {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session):
+        self.collected_s = cpu_now()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        start = cpu_now()
+        yield
+        self.tests[item.nodeid] = round(cpu_now() - start, 3)
+
+    def pytest_sessionfinish(self, session):
+        self.out.mkdir(parents=True, exist_ok=True)
+        report = {"collected_s": self.collected_s, "total_s": cpu_now(), "tests": self.tests}
+        (self.out / f"{self.name}.json").write_text(json.dumps(report, indent=0))
+
+
+def register(config: pytest.Config) -> None:
+    if out := os.environ.get(DIR_ENV):
+        name = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+        config.pluginmanager.register(Recorder(Path(out), name), "kvmesh-cpu-seconds")
+
+
+def summary(folder: Path, top: int = 40) -> dict[str, float]:
+    tests: dict[str, float] = {}
+    for path in sorted(folder.glob("*.json")):
+        report = json.loads(path.read_text())
+        print(f"{path.stem}: collection {report['collected_s'] or 0:.1f} s CPU, total {report['total_s']:.1f} s, "
+              f"{len(report['tests'])} tests {sum(report['tests'].values()):.1f} s")
+        tests.update(report["tests"])
+    for nodeid, seconds in sorted(tests.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{seconds:8.2f}  {nodeid}")
+    return tests
+
+
+if __name__ == "__main__":
+    summary(Path(sys.argv[1]))
