@@ -4,8 +4,9 @@
 ``DIR/<process>.json``: its CPU seconds when collection ended (interpreter start, imports, collecting), its total, and
 each test's (setup + call + teardown: this process's user + system time, threads included, plus that of the child
 processes it waited for meanwhile). CPU, not wall time: a loaded machine stretches the one, not the other.
-``python tests/cpu_seconds.py DIR`` sums the files and names the costliest tests: those over about a CPU second belong
-in tests/tiers.py's ``SLOW_TESTS``, with their reason.
+``python tests/cpu_seconds.py DIR`` sums the files and names the costliest tests; ``--write`` adds those over
+``SLOW_CPU_S`` to ``slow_tests.json``, which tests/tiers.py marks ``slow`` (entries already there stay: once slow, a
+test no longer runs in the quick tier that measured it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from pathlib import Path
 import pytest
 
 DIR_ENV = "KVMESH_TEST_CPU_DIR"
+SLOW_CPU_S = 0.5
+"""A quick-tier test over this many CPU seconds is slow (the tier's whole run is kept under 3 minutes of CPU)."""
+SLOW_TESTS = Path(__file__).with_name("slow_tests.json")
+"""Test id -> its CPU seconds when measured over ``SLOW_CPU_S`` in a run of the quick tier."""
 
 
 def cpu_now() -> float:
@@ -67,5 +72,16 @@ def summary(folder: Path, top: int = 40) -> dict[str, float]:
     return tests
 
 
+def load_slow(path: Path = SLOW_TESTS) -> dict[str, float]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_slow(tests: dict[str, float], path: Path = SLOW_TESTS) -> None:
+    slow = load_slow(path) | {nodeid: seconds for nodeid, seconds in tests.items() if seconds > SLOW_CPU_S}
+    path.write_text(json.dumps(dict(sorted(slow.items())), indent=0) + "\n")
+
+
 if __name__ == "__main__":
-    summary(Path(sys.argv[1]))
+    measured = summary(Path(sys.argv[1]))
+    if "--write" in sys.argv[2:]:
+        write_slow(measured)

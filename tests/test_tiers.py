@@ -144,3 +144,12 @@ def tiers_module():
     from . import tiers
 
     return tiers
+
+
+def test_the_measured_slow_tests_name_test_files_that_exist():
+    tests = TIERS.parent
+    measured = tiers_module().MEASURED_SLOW
+    assert measured, "tests/slow_tests.json is empty or missing"
+    for nodeid in measured:
+        path, function = nodeid.removeprefix("tests/").split("::", 1)
+        assert f"def {function.split('[')[0]}(" in (tests / path).read_text(), nodeid

@@ -8,7 +8,8 @@ A test is marked ``ray`` when it (or a fixture it uses, at any depth) uses the s
 this process or another), a fake replica process, ``kvmesh serve`` (``LIVE_STARTERS``, read in the source at
 collection); ``slow`` when it runs the real model or the whole trace (``SLOW_FIXTURES``) or Triton kernels
 (``INTERPRETED_KERNELS``), or is listed: a file whose every test is one of those (``SLOW_FILES``), a test measured
-at more than about a CPU second (``SLOW_TESTS``, each with its reason; ``tests/cpu_seconds.py`` measures). So no test
+at more than half a CPU second in a run of the quick tier (``MEASURED_SLOW``: tests/cpu_seconds.py measures and
+writes tests/slow_tests.json) or named with a reason (``SLOW_TESTS``). So no test
 file needs a marker of its own for these; other slow ones say ``slow``. The quick tier is for the inner loop: under
 3 minutes of CPU for all of it, whatever else the machine runs; ``make test`` runs every test of every tier.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import json
 import re
 import socket
 import subprocess
@@ -165,9 +167,15 @@ def _fixture_starts_server(func) -> bool:
         return False
 
 
+_MEASURED = Path(__file__).with_name("slow_tests.json")
+MEASURED_SLOW = frozenset(json.loads(_MEASURED.read_text()) if _MEASURED.exists() else ())
+"""Tests measured at more than ``SLOW_CPU_S`` CPU seconds in a run of the quick tier (tests/slow_tests.json, written
+by ``python tests/cpu_seconds.py DIR --write`` from ``KVMESH_TEST_CPU_DIR=DIR make test-quick``)."""
+
+
 def _listed_slow(item: pytest.Item) -> bool:
     test = item.nodeid.split("[", 1)[0].removeprefix("tests/")
-    return test.split("::", 1)[0] in SLOW_FILES or test in SLOW_TESTS
+    return test.split("::", 1)[0] in SLOW_FILES or test in SLOW_TESTS or item.nodeid in MEASURED_SLOW
 
 
 def mark_tiers(items: list[pytest.Item]) -> None:
