@@ -92,7 +92,7 @@ transformers, openai: most of what collecting them cost). A fast test belongs in
 
 SLOW_TESTS = {
     "test_docs_commands.py::test_run_commands":
-        "each runs a guide's command in a process of its own (kvmesh sim, bench): 5-60 CPU seconds each",
+        "each runs a guide's command in a process of its own (kvmesh sim, bench): 1-20 CPU seconds, 54 for all 7",
     "router/test_load_feed_flood.py::test_a_flood_costs_the_loop_little_and_the_honest_replicas_are_followed_as_"
     "before": "floods a subscriber for seconds and times the honest replica's updates against the wall clock",
 }
