@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from . import watchdog
+from . import cpu_seconds, watchdog
 from .file_order import load_seconds, longest_first
 from .httpx_tls import share_default_tls_contexts
 from .postgres_server import postgres  # noqa: F401 (the fixture: a real PostgreSQL server for the session)
@@ -27,7 +27,7 @@ from .signal_guard import (  # noqa: F401 (the fixtures: autouse)
     signal_handlers_restored,
     started_ignoring,
 )
-from .tiers import mark_tiers, tier_guard  # noqa: F401 (tier_guard: an autouse fixture, registered by its import)
+from .tiers import ignore_outside_quick_tier, mark_tiers, tier_guard  # noqa: F401 (tier_guard: an autouse fixture, registered by its import)
 
 
 def hide_gpus_when_asked() -> None:
@@ -132,6 +132,7 @@ def chosen_test_device() -> str:
 
 def pytest_configure(config):
     config.pluginmanager.register(watchdog, "kvmesh-watchdog")  # a hung test named and failed (tests/watchdog.py)
+    cpu_seconds.register(config)  # KVMESH_TEST_CPU_DIR: each test's CPU seconds written (tests/cpu_seconds.py)
     chosen_test_device()  # a typo is a usage error, with the values that work
     hide_gpus_when_asked()
     config.stash[INHERITED_IGNORED] = started_ignoring()  # test processes (xdist's too) start from this one
@@ -176,6 +177,10 @@ def exact_float32(torch) -> None:
     ``fp32_precision`` flags makes those readers raise on torch >= 2.9."""
     torch.set_float32_matmul_precision("highest")
     torch.backends.cudnn.allow_tf32 = False
+
+
+def pytest_ignore_collect(collection_path, config):
+    return ignore_outside_quick_tier(collection_path, config)  # unimported where the tier would deselect it all
 
 
 def pytest_collection_modifyitems(config, items):

@@ -113,3 +113,43 @@ def test_a_module_that_starts_servers_is_live_as_a_whole(suite):
             pass
     """)
     suite.runpytest("-p", "no:cacheprovider", "-m", "not live").assert_outcomes(deselected=1)
+
+
+def test_the_quick_tier_skips_unimported_the_files_it_would_deselect_whole(suite):
+    suite.makeconftest(CONFTEST + """
+def pytest_ignore_collect(collection_path, config):
+    return tiers.ignore_outside_quick_tier(collection_path, config)
+""")
+    broken = "import a_module_that_is_not_there\n\n"
+    suite.makepyfile(test_live=broken + "def test_a():\n    launched_fakes('a')\n",
+                     test_slow=broken + "import pytest\n\npytestmark = [pytest.mark.slow]\n\ndef test_b():\n    pass\n",
+                     test_mixed="import pytest\n\n@pytest.mark.slow\ndef test_c():\n    pass\n\ndef test_d():\n"
+                                "    pass\n")
+    suite.runpytest("-p", "no:cacheprovider", "-m", "not ray and not live and not slow").assert_outcomes(
+        passed=1, deselected=1)  # the two broken files never imported: nothing else in them could be in the tier
+    for other in (["-m", "not live"], []):  # any other selection imports them (and stops at their errors)
+        suite.runpytest("-p", "no:cacheprovider", *other).assert_outcomes(errors=2)
+
+
+def test_the_listed_slow_files_and_tests_exist():
+    tests = TIERS.parent
+    for name in tiers_module().SLOW_FILES:
+        assert (tests / name).is_file(), name
+    for name in tiers_module().SLOW_TESTS:
+        path, function = name.split("::")
+        assert f"def {function}(" in (tests / path).read_text(), name
+
+
+def tiers_module():
+    from . import tiers
+
+    return tiers
+
+
+def test_the_measured_slow_tests_name_test_files_that_exist():
+    tests = TIERS.parent
+    measured = tiers_module().MEASURED_SLOW
+    assert measured, "tests/slow_tests.json is empty or missing"
+    for nodeid in measured:
+        path, function = nodeid.removeprefix("tests/").split("::", 1)
+        assert f"def {function.split('[')[0]}(" in (tests / path).read_text(), nodeid

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -106,13 +106,19 @@ def test_every_flag_the_advice_names_exists():
     assert named and named <= flags, named - flags
 
 
+def children_cpu_s() -> float:
+    """CPU seconds of the child processes this one has waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def test_kvmesh_serve_without_the_gpus_answers_in_seconds_before_starting_ray():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # Ray's own detection then finds no GPU, as here
-    started = time.monotonic()
+    cpu_before = children_cpu_s()
     done = subprocess.run([str(Path(sys.executable).parent / "kvmesh"), "serve", "--device", "cuda",
                            "--num-replicas", "3", "--port", "0", "--http-port", "0", "--event-port", "0"],
-                          capture_output=True, text=True, timeout=60, env=env)
-    assert time.monotonic() - started < 30
+                          capture_output=True, text=True, timeout=600, env=env)  # a backstop: loaded, it may crawl
+    assert children_cpu_s() - cpu_before < 20  # its own CPU, whatever the load: the imports and a check, no Ray
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("kvmesh serve: 3 replicas x 1 GPU need 3 GPUs") and "Traceback" not in done.stderr
     assert "--device cpu" in done.stderr and "starting" not in done.stdout  # no Ray was started

@@ -47,13 +47,14 @@ def test_the_ghost_holds_at_most_the_fleets_blocks():
 
 
 def test_the_replay_costs_little_per_request():
-    """Off the request's path, but on the router's loop: a 2,048-token prompt's replay in well under 1 ms."""
+    """Off the request's path, but on the router's loop: a 2,048-token prompt's replay in well under 1 ms of CPU
+    (this thread's: a loaded machine stretches the wall clock, 1.4 ms a replay at a load of 20 on 2 cores)."""
     c = LiveCeiling(block_size=16, capacity_blocks=lambda: 20_000)
     keys = [[(i % 50) * 10_000 + j for j in range(128)] for i in range(2000)]
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for k in keys:
         c.observe(k, 2048, 128, 0, 0, 0)
-    per_request = (time.perf_counter() - t0) / len(keys)
+    per_request = (time.thread_time() - t0) / len(keys)
     assert per_request < 1e-3, f"{1e6 * per_request:.0f} us per request"
 
 
