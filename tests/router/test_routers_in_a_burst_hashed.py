@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig, CacheAwareTokensPolicy
 from kvmesh.router.routing.policies.prefix_rendezvous import new_prefix_key, rendezvous
 from kvmesh.router.routing.tier_matches import TierMatches
@@ -63,7 +64,7 @@ def _winning_id(key: int, others: list[str]) -> str:
     """A replica id chosen (by search) to win the rendezvous hash of ``key`` against ``others``."""
     for n in range(10_000):
         rid = f"evil{n}"
-        if rendezvous(key, [*others, rid]) == len(others):
+        if rendezvous(key, [Replica(r) for r in (*others, rid)]) == len(others):
             return rid
     raise AssertionError("no winning id found")
 
@@ -94,7 +95,8 @@ def test_the_new_prefix_key_skips_the_blocks_some_candidate_holds():
 def test_the_hash_is_the_same_in_every_process():
     # known answers (blake2b and splitmix64, not Python's per-process salted str hash): routers in other processes
     # must agree, so the winners may not depend on anything but the key and the ids
-    assert [rendezvous(k, ["r0", "r1", "r2", "r3"]) for k in range(8)] == [2, 2, 0, 1, 0, 3, 2, 2]
+    fleet = [Replica(rid) for rid in ("r0", "r1", "r2", "r3")]
+    assert [rendezvous(k, fleet) for k in range(8)] == [2, 2, 0, 1, 0, 3, 2, 2]
 
 
 def test_an_unknown_near_pick_is_refused():

@@ -137,7 +137,7 @@ class CacheAwareTokensPolicy(TokensCost):
             rows = self._cheapest_walk(prompt, matches, candidates, share)
         if share > 0 and c.near_pick == "prefix_hash" and len(rows) > 1:
             key = new_prefix_key(request_keys, matches)
-            return candidates[int(rows[rendezvous(key, [candidates[int(i)].id for i in rows])])]
+            return candidates[int(rows[rendezvous(key, [candidates[int(i)] for i in rows])])]
         return self._one_of(candidates, rows, share)
 
     def _near_share(self, candidates: Candidates) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.tier_matches import Matches
 
 MASK = (1 << 64) - 1
@@ -22,14 +23,14 @@ def mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def id_hash(replica_id: str) -> int:
-    """A replica id's stable 64-bit hash (blake2b; memoised, the memo bounded)."""
-    h = _ID_HASHES.get(replica_id)
+def id_hash(replica: Replica) -> int:
+    """A replica's id's stable 64-bit hash (blake2b; memoised, the memo bounded)."""
+    h = _ID_HASHES.get(replica.id)
     if h is None:
-        h = int.from_bytes(hashlib.blake2b(replica_id.encode(), digest_size=8).digest(), "little")
+        h = int.from_bytes(hashlib.blake2b(replica.id.encode(), digest_size=8).digest(), "little")
         if len(_ID_HASHES) >= _ID_HASHES_BOUND:
             _ID_HASHES.clear()
-        _ID_HASHES[replica_id] = h
+        _ID_HASHES[replica.id] = h
     return h
 
 
@@ -42,12 +43,12 @@ def new_prefix_key(request_keys: Sequence[int], matches: Matches) -> int:
     return int(request_keys[min(held, len(request_keys) - 1)]) & MASK
 
 
-def rendezvous(key: int, ids: Sequence[str]) -> int:
-    """The position in ``ids`` whose hash with ``key`` is highest (ties: the first)."""
+def rendezvous(key: int, replicas: Sequence[Replica]) -> int:
+    """The position in ``replicas`` whose id's hash with ``key`` is highest (ties: the first)."""
     k = mix64(key)
     best, best_score = 0, -1
-    for i, rid in enumerate(ids):
-        score = mix64(k ^ id_hash(rid))
+    for i, replica in enumerate(replicas):
+        score = mix64(k ^ id_hash(replica))
         if score > best_score:
             best, best_score = i, score
     return best
