@@ -55,7 +55,9 @@ waits through them, a full prefill token each, as the first term prices them. Wi
 **Several routers** (a replica's published load counts other routers' requests: ``ReplicaLoad.other_routers``):
 with ``near_share`` > 0 (an option, off by default) the choice is drawn at random among the candidates within
 ``near_share`` x the cheapest one's uncached tokens of its cost, about what queueing this request there adds to its
-cost for the next. Routers deciding inside one burst on the same published load otherwise all send it to the one
+cost for the next; with ``near_pick="prefix_hash"`` not drawn but hashed (rendezvous) from the prompt's first block no
+candidate holds over those candidates' ids, so requests sharing a new prefix go to one of them from every router.
+Routers deciding inside one burst on the same published load otherwise all send it to the one
 cheapest replica, which one router would have spread as its own bookings raised that replica's cost
 (docs/multi-host-routers.md). A router alone takes the cheapest, and exact ties rotate so an idle cluster is filled
 evenly.
@@ -75,6 +77,7 @@ from kvmesh.router.routing.policies.cache_aware_tokens_columns import cheapest_r
 from kvmesh.router.routing.policies.cache_aware_tokens_config import CacheAwareTokensConfig
 from kvmesh.router.routing.policies.cache_aware_tokens_cost import TokensCost
 from kvmesh.router.routing.policies.no_replica import check_candidates
+from kvmesh.router.routing.policies.prefix_rendezvous import new_prefix_key, rendezvous
 from kvmesh.router.routing.tier_matches import Matches, TierMatches
 
 COLUMNS_FROM_CANDIDATES = 64
@@ -129,8 +132,13 @@ class CacheAwareTokensPolicy(TokensCost):
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         loads, share = candidates.loads, self._near_share(candidates)
         if type(loads) is CandidateLoads and len(loads) >= COLUMNS_FROM_CANDIDATES:  # no ABC isinstance per request
-            return self._one_of(candidates, cheapest_rows(c, self.block_size, prompt, matches, loads, share), share)
-        return self._one_of(candidates, self._cheapest_walk(prompt, matches, candidates, share), share)
+            rows = cheapest_rows(c, self.block_size, prompt, matches, loads, share)
+        else:
+            rows = self._cheapest_walk(prompt, matches, candidates, share)
+        if share > 0 and c.near_pick == "prefix_hash" and len(rows) > 1:
+            key = new_prefix_key(request_keys, matches)
+            return candidates[int(rows[rendezvous(key, [candidates[int(i)] for i in rows])])]
+        return self._one_of(candidates, rows, share)
 
     def _near_share(self, candidates: Candidates) -> float:
         """``near_share`` where other routers book on these candidates too (``ReplicaLoad.other_routers``), else 0:

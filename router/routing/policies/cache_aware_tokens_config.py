@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 from kvmesh.router.routing.policies.base import DEFAULT_DECODE_STEP_TOKENS, PolicyConfig
 
+NEAR_PICKS = ("random", "prefix_hash")
+"""The ways ``near_pick`` chooses among the near-equal cheapest candidates."""
+
 
 @dataclass(frozen=True, slots=True)
 class CacheAwareTokensConfig(PolicyConfig):
@@ -26,6 +29,11 @@ class CacheAwareTokensConfig(PolicyConfig):
     on the same published load do not all send it to one replica. A router alone takes the cheapest. 0 (the
     default): every router takes the cheapest; in the simulator 0.15 cut a burst's excess TTFT but gave up hit share
     on steady conversation traffic (BENCHMARKS.md, "Routers that share only what the replicas publish")."""
+    near_pick: str = "random"
+    """How the choice among ``near_share``'s near-equal candidates is made: ``random`` (a draw), or ``prefix_hash``
+    (rendezvous hashing of the prompt's first block no candidate holds over the candidates' ids: every router sends
+    requests sharing a new prefix to the same one of them, different prefixes spread;
+    router/routing/policies/prefix_rendezvous.py)."""
     session_slack_tokens: float = 0.0
     """How much more (in cost units, prefill tokens) a session's replica may cost than the cheapest one before the
     session is released to the cheapest. 0: the pin holds while its replica is among the cheapest; the index already
@@ -77,6 +85,8 @@ class CacheAwareTokensConfig(PolicyConfig):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.near_pick not in NEAR_PICKS:
+            raise ValueError(f"near_pick must be one of {', '.join(NEAR_PICKS)}, got {self.near_pick!r}")
         if not self.decode_step_tokens > 0:
             raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
         if not self.churn_clamp >= 1:
