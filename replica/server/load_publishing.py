@@ -1,15 +1,17 @@
 """A replica publishes its own load on its event stream (events/load.py), for every router at once.
 
     handler   accept(booking, request ids, prompt tokens)   a request was queued (completions.py)
-    thread    at once when a request is accepted, and every ``interval_s`` while the engine has requests:
-              the load, if it changed since the last update -> ``ZmqEventPublisher.publish_load``
+    thread    at once when a request is accepted, every ``interval_s`` while the engine has requests, and at
+              once when it has none left: the load, if it changed since the last update
+              -> ``ZmqEventPublisher.publish_load``
 
-An accepted request is published without waiting out the interval: the routers that did not send it must count it
-before their next choice (a burst reaches several routers within a network hop). The interval caps the updates
-that engine steps cause. The load is read racily off the engine thread's state, as ``/load`` reads it
-(engine/load_fields.py); a request accepted that the engine thread has not taken in yet counts as waiting. A
-request the engine has not started computing counts its prompt less the prefix its router expected cached (the
-booking's uncached tokens, replica/openai/router_booking.py): without a booking, its whole prompt.
+An accepted request is published without waiting out the interval: the routers that did not send it must count it before
+their next choice (a burst reaches several routers within a network hop). So must an idle replica: a conversation's next
+turn, through another router, would otherwise find its replica still published busy and go elsewhere. The interval caps
+the updates that engine steps cause. The load is read racily off the engine thread's state, as ``/load`` reads it
+(engine/load_fields.py); a request accepted that the engine thread has not taken in yet counts as waiting. A request the
+engine has not started computing counts its prompt less the prefix its router expected cached (the booking's uncached
+tokens, replica/openai/router_booking.py): without a booking, its whole prompt.
 """
 
 from __future__ import annotations
@@ -112,17 +114,26 @@ class LoadPublishing:
         due = 0.0  # when the steps' next update may go (a request accepted goes at once, not counted)
         while not self._stop:
             self._wake.clear()
-            try:
-                update = self.update()
-                if update is not None:
-                    self.publisher.publish_load(update)
-            except Exception:  # pragma: no cover - a bug here must not stop the replica
-                logger.exception("publishing the replica's load failed; routers fall back to polling /load")
+            if not self._publish():
                 return
             now = time.monotonic()
             if now >= due:
                 due = now + self.interval_s
             if self._wake.wait(due - now):  # a request accepted meanwhile: published at once
                 continue
-            if not self.engine.scheduler.requests:  # idle: until a request is accepted (or a second passed)
+            if not self.engine.scheduler.requests:  # idle: said at once (the routers' next choice must not find
+                self._wake.clear()  # the last busy update), then nothing until a request is accepted or a second
+                if not self._publish():  # passed
+                    return
                 self._wake.wait(IDLE_WAIT_S)
+
+    def _publish(self) -> bool:
+        """Publish the load if it changed; False after a failure (the thread stops, the routers poll ``/load``)."""
+        try:
+            update = self.update()
+            if update is not None:
+                self.publisher.publish_load(update)
+        except Exception:  # pragma: no cover - a bug here must not stop the replica
+            logger.exception("publishing the replica's load failed; routers fall back to polling /load")
+            return False
+        return True

@@ -85,3 +85,32 @@ def test_an_accepted_request_is_published_at_once_whatever_the_interval():
         assert publisher.updates[1].queued_prefill_tokens == 100 + 40
     finally:
         pub.close()
+
+
+def test_a_replica_that_goes_idle_publishes_it_at_once_not_a_second_later():
+    """The last request finishing between two step updates: the routers that did not send it must see the replica
+    idle before their next choice, not keep its last busy update for the idle wait (a conversation's next turn
+    through another router went to a replica without its KV, the holder still published as busy)."""
+    import time
+
+    from kvmesh.replica.server.load_publishing import IDLE_WAIT_S
+
+    busy = _request("a-0", 100, computed=100)
+    engine = _engine([busy], running=1)
+    publisher = _Publisher()
+    pub = LoadPublishing(engine, publisher, interval_s=0.05).start()
+    try:
+        deadline = time.monotonic() + 5
+        while not publisher.updates and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert publisher.updates[-1].num_running == 1
+        time.sleep(0.01)  # inside the step interval: the thread waits out the interval, then finds no request
+        engine.scheduler.requests.clear()
+        engine.scheduler.running.clear()
+        finished = time.monotonic()
+        while publisher.updates[-1].num_running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        took = time.monotonic() - finished
+        assert publisher.updates[-1].num_running == 0 and took < IDLE_WAIT_S / 2, took
+    finally:
+        pub.close()

@@ -59,7 +59,13 @@ from kvmesh.cluster.measure.benchmarks.support.ray_nodes import (
 )
 from kvmesh.cluster.measure.benchmarks.support.responses_talk import Talk, TalkKeys, conversation_line
 from kvmesh.cluster.measure.benchmarks.support.spread_client import Request, replay
-from kvmesh.cluster.measure.benchmarks.support.spread_prompts import TRACES, conversations, send_turn, trace_requests
+from kvmesh.cluster.measure.benchmarks.support.spread_prompts import (
+    TRACES,
+    conversations,
+    send_turn,
+    trace_requests,
+    turn_summary,
+)
 from kvmesh.cluster.measure.benchmarks.support.spread_views import RouterViews, merged, summary
 from kvmesh.cluster.measure.shared_dir import stories_model
 from kvmesh.replica.openai.responses_api.store_config import SQLITE_FILE
@@ -106,10 +112,12 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
                trials: int, talk: Talk) -> dict:
     results = await _replays(views, prompts, concurrency, model, trials)
     talks, routers, headers = conversations(), len(views.urls()), views.client_headers
-    await send_turn(views.urls, model, talks, 0, lambda i: i % routers, headers)
+    first = await send_turn(views.urls, model, talks, 0, lambda i: i % routers, headers)
     await asyncio.sleep(NEXT_TURN_AFTER_S)
-    results["sessions"] = {"conversations": len(talks), "next_turn_found_its_replica": await send_turn(
-        views.urls, model, talks, 1, lambda i: (i + 1) % routers, headers)}
+    second = await send_turn(views.urls, model, talks, 1, lambda i: (i + 1) % routers, headers)
+    next_turn = turn_summary(talks, 1, second, first)
+    results["sessions"] = {"conversations": len(talks), "next_turn_found_its_replica": next_turn["found"],
+                           "next_turn_missed": next_turn["missed"]}
     results["owner_request_status"] = await views.owner_request_status()
     await _first_turns(views, talk)
     killed_at: list[float] = []
@@ -124,8 +132,10 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
     results["kill"] = summary(outcomes, killed=KILLED)
     results["kill"]["rejoined_s"] = await rejoin
     results["kill"]["settled_s"] = await views.wait_settled()
-    results["sessions"]["after_restart_found_its_replica"] = await send_turn(  # its index: replay and snapshot
-        views.urls, model, talks, 2, lambda i: KILLED, headers)
+    third = await send_turn(views.urls, model, talks, 2, lambda i: KILLED, headers)  # its index: replay, snapshot
+    after_restart = turn_summary(talks, 2, third, second)
+    results["sessions"] |= {"after_restart_found_its_replica": after_restart["found"],
+                            "after_restart_missed": after_restart["missed"]}
     await talk.say(views.urls()[KILLED], KILLED)
     results["responses"] = await talk.check(views.urls())
     for name in ("spread", "kill"):  # hit rate points against one router on the same replicas and trace

@@ -33,6 +33,8 @@ class Outcome:
     failed_fast_s: list[float] | None = None
     """Seconds each of those failures took."""
     error: str | None = None
+    receipt: dict[str, str] | None = None
+    """The route receipt's headers (``x-kvmesh-*``), when the request asked for them."""
 
     @property
     def ok(self) -> bool:
@@ -47,9 +49,10 @@ class Request:
     """The router its client sends it to first."""
 
 
-async def _complete(http: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:
+async def _complete(http: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict, dict[str, str]]:
     async with http.post(url + "/v1/completions", json=body) as response:
-        return response.status, await response.json(content_type=None)
+        receipt = {k.lower(): v for k, v in response.headers.items() if k.lower().startswith("x-kvmesh-")}
+        return response.status, await response.json(content_type=None), receipt
 
 
 async def send(http: aiohttp.ClientSession, urls: Callable[[], list[str]], request: Request, salt: str,
@@ -63,7 +66,7 @@ async def send(http: aiohttp.ClientSession, urls: Callable[[], list[str]], reque
         router = (request.router + step) % len(where)
         started = time.monotonic()
         try:
-            status, answer = await _complete(http, where[router], body)
+            status, answer, receipt = await _complete(http, where[router], body)
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
             moved.append(router)
             fast.append(time.monotonic() - started)
@@ -72,7 +75,8 @@ async def send(http: aiohttp.ClientSession, urls: Callable[[], list[str]], reque
         usage = answer.get("usage") or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         error = None if status == 200 else str((answer.get("error") or {}).get("message"))[:300]
-        return Outcome(router, status, usage.get("prompt_tokens", 0), cached, moved or None, fast or None, error)
+        return Outcome(router, status, usage.get("prompt_tokens", 0), cached, moved or None, fast or None, error,
+                       receipt or None)
     return Outcome(moved[-1], None, moved_from=moved, failed_fast_s=fast, error=last_error)
 
 

@@ -4,7 +4,8 @@ prompts, and token-id conversations whose turns go to different routers (did eac
 from __future__ import annotations
 
 import aiohttp
-from kvmesh.cluster.measure.benchmarks.support.spread_client import REQUEST_TIMEOUT_S, Request, send
+from kvmesh.cluster.measure.benchmarks.support.spread_client import REQUEST_TIMEOUT_S, Outcome, Request, send
+from kvmesh.router.routing.receipts import HEADER_OPT_IN
 
 SESSION_FIRST_TOKENS = 64
 """A conversation's first prompt (4 blocks of 16 tokens); its next turn adds half as many."""
@@ -40,15 +41,27 @@ def conversations(count: int = 12) -> list[list[list[int]]]:
 
 
 async def send_turn(urls, model: str, talks: list[list[list[int]]], turn: int, router_of,
-                    headers: dict[str, str]) -> int:
-    """Turn ``turn`` of every conversation, conversation i through router ``router_of(i)``; how many found the
-    replica that holds the turn before (its full blocks cached), through the prefix index every router builds from
-    the replicas' events, each with ``headers`` (the API key)."""
-    found = 0
+                    headers: dict[str, str]) -> list[Outcome]:
+    """Turn ``turn`` of every conversation, conversation i through router ``router_of(i)``, each with ``headers``
+    (the API key) and asking for the route receipt."""
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
-        for i, talk in enumerate(talks):
-            answer = await send(http, urls, Request(talk[turn], 1, router_of(i)), "sessions", model)
-            found += turn > 0 and answer.cached_tokens >= len(talk[turn - 1]) - BLOCK_SIZE
-    return found
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers | {HEADER_OPT_IN: "1"}) as http:
+        return [await send(http, urls, Request(talk[turn], 1, router_of(i)), "sessions", model)
+                for i, talk in enumerate(talks)]
 
+
+def found_its_replica(talks: list[list[list[int]]], turn: int, answers: list[Outcome]) -> list[bool]:
+    """For each conversation: did turn ``turn`` find the replica that holds the turn before (its full blocks cached,
+    through the prefix index every router builds from the replicas' events)?"""
+    return [answer.cached_tokens >= len(talk[turn - 1]) - BLOCK_SIZE for talk, answer in zip(talks, answers,
+                                                                                             strict=True)]
+
+
+def turn_summary(talks: list[list[list[int]]], turn: int, answers: list[Outcome], before: list[Outcome]) -> dict:
+    """How many of turn ``turn``'s answers found their replica, and each miss with both turns' route receipts (the
+    replica, why it was chosen, the hit it predicted and the best any replica offered): what a miss is read by."""
+    found = found_its_replica(talks, turn, answers)
+    missed = [{"conversation": i, "status": answers[i].status, "cached_tokens": answers[i].cached_tokens,
+               "error": answers[i].error, "receipt": answers[i].receipt, "turn_before_receipt": before[i].receipt}
+              for i, hit in enumerate(found) if not hit]
+    return {"found": sum(found), "missed": missed}
