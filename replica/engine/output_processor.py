@@ -28,6 +28,9 @@ class OutputProcessor:
         self._stats = stats
         self._runner_name = runner_name
         """The model runner's class name, for the error of a step that lacks asked-for logprobs."""
+        self.finish_listeners: list[Callable[[], None]] = []
+        """Called (engine thread) as a request that left the scheduler is forgotten, finished, aborted or failed:
+        the load the replica publishes changed (replica/server/load_publishing.py)."""
 
     def add_request(self, request: Request, params: SamplingParams) -> None:
         if self.tokenizer is not None:
@@ -41,6 +44,8 @@ class OutputProcessor:
         """Forget per-request state (the detokenizer is dropped after the final output was built)."""
         self._stats.record_finished(request)
         self.detokenizers.pop(request.request_id, None)
+        for listener in self.finish_listeners:
+            listener()
 
     def process_outputs(self, sampled: dict[str, int], requests: dict[str, Request],
                         fail_request: Callable[[str, str], None]) -> tuple[list[RequestOutput], list[Request]]:

@@ -1,17 +1,19 @@
 """A replica publishes its own load on its event stream (events/load.py), for every router at once.
 
     handler   accept(booking, request ids, prompt tokens)   a request was queued (completions.py)
-    thread    at once when a request is accepted, every ``interval_s`` while the engine has requests, and at
-              once when it has none left: the load, if it changed since the last update
+    engine    a request left the scheduler (finished, aborted, failed)    OutputProcessor.finish_listeners
+    thread    at once when a request is accepted or leaves, every ``interval_s`` while the engine has requests,
+              and at once when it has none left: the load, if it changed since the last update
               -> ``ZmqEventPublisher.publish_load``
 
 An accepted request is published without waiting out the interval: the routers that did not send it must count it before
-their next choice (a burst reaches several routers within a network hop). So must an idle replica: a conversation's next
-turn, through another router, would otherwise find its replica still published busy and go elsewhere. The interval caps
-the updates that engine steps cause. The load is read racily off the engine thread's state, as ``/load`` reads it
-(engine/load_fields.py); a request accepted that the engine thread has not taken in yet counts as waiting. A request the
-engine has not started computing counts its prompt less the prefix its router expected cached (the booking's uncached
-tokens, replica/openai/router_booking.py): without a booking, its whole prompt.
+their next choice (a burst reaches several routers within a network hop). So is a request that leaves: a conversation's
+next turn, sent through another router as soon as the answer is read, would otherwise find its replica still published
+busy with the turn before and go elsewhere. The interval caps the updates that engine steps cause. The load is read
+racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py); a request accepted that the engine
+thread has not taken in yet counts as waiting. A request the engine has not started computing counts its prompt less the
+prefix its router expected cached (the booking's uncached tokens, replica/openai/router_booking.py): without a booking,
+its whole prompt.
 """
 
 from __future__ import annotations
@@ -57,9 +59,13 @@ class LoadPublishing:
 
     def start(self) -> LoadPublishing:
         self._thread.start()
+        self.engine.output_processor.finish_listeners.append(self._wake.set)  # a request left: published at once
         return self
 
     def close(self) -> None:
+        listeners = self.engine.output_processor.finish_listeners
+        if self._wake.set in listeners:
+            listeners.remove(self._wake.set)
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=2.0)

@@ -13,7 +13,19 @@ def _engine(requests: list[SimpleNamespace], running: int) -> SimpleNamespace:
                             waiting=requests[running:])
     steps = SimpleNamespace(coefficients=lambda: (0.01, 0.0, 0.0), num_steps=7)
     return SimpleNamespace(scheduler=sched, kv_cache_manager=SimpleNamespace(usage=0.5),
-                           prefill_rate=SimpleNamespace(tokens_per_s=1000.0), decode_step_time=steps)
+                           prefill_rate=SimpleNamespace(tokens_per_s=1000.0), decode_step_time=steps,
+                           output_processor=SimpleNamespace(finish_listeners=[]))
+
+
+def _finish(engine: SimpleNamespace, request: SimpleNamespace) -> None:
+    """What the engine thread does as a request leaves: out of the scheduler, then the finish listeners."""
+    sched = engine.scheduler
+    del sched.requests[request.request_id]
+    for queue in (sched.running, sched.waiting):
+        if request in queue:
+            queue.remove(request)
+    for listener in engine.output_processor.finish_listeners:
+        listener()
 
 
 def _request(rid: str, prompt: int, computed: int = 0) -> SimpleNamespace:
@@ -87,12 +99,35 @@ def test_an_accepted_request_is_published_at_once_whatever_the_interval():
         pub.close()
 
 
-def test_a_replica_that_goes_idle_publishes_it_at_once_not_a_second_later():
-    """The last request finishing between two step updates: the routers that did not send it must see the replica
-    idle before their next choice, not keep its last busy update for the idle wait (a conversation's next turn
-    through another router went to a replica without its KV, the holder still published as busy)."""
+def _wait_for(publisher: _Publisher, condition, timeout_s: float = 5.0) -> float:
+    """Seconds until the last update published meets ``condition``."""
     import time
 
+    started = time.monotonic()
+    while not (publisher.updates and condition(publisher.updates[-1])) and time.monotonic() - started < timeout_s:
+        time.sleep(0.002)
+    return time.monotonic() - started
+
+
+def test_a_request_that_leaves_is_published_at_once_whatever_the_interval():
+    """A conversation's next turn goes through another router as soon as the answer is read: that router must find
+    the replica without the turn before, not the last busy update until the next step-driven one."""
+    first, second = _request("a-0", 100, computed=100), _request("b-0", 100, computed=100)
+    engine = _engine([first, second], running=2)
+    publisher = _Publisher()
+    pub = LoadPublishing(engine, publisher, interval_s=30.0).start()  # steps' changes: at most every 30 s
+    try:
+        _wait_for(publisher, lambda u: u.num_running == 2)
+        _finish(engine, first)  # one left, one still running: not idle
+        assert _wait_for(publisher, lambda u: u.num_running == 1) < 1.0
+    finally:
+        pub.close()
+    assert engine.output_processor.finish_listeners == []  # closed: the engine no longer wakes it
+
+
+def test_a_replica_that_goes_idle_publishes_it_at_once_not_a_second_later():
+    """The last request leaving between two step updates, with no word from the engine (accepted, never joined):
+    the thread finds no request after the interval and says so before it sleeps."""
     from kvmesh.replica.server.load_publishing import IDLE_WAIT_S
 
     busy = _request("a-0", 100, computed=100)
@@ -100,17 +135,9 @@ def test_a_replica_that_goes_idle_publishes_it_at_once_not_a_second_later():
     publisher = _Publisher()
     pub = LoadPublishing(engine, publisher, interval_s=0.05).start()
     try:
-        deadline = time.monotonic() + 5
-        while not publisher.updates and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert publisher.updates[-1].num_running == 1
-        time.sleep(0.01)  # inside the step interval: the thread waits out the interval, then finds no request
-        engine.scheduler.requests.clear()
+        _wait_for(publisher, lambda u: u.num_running == 1)
+        engine.scheduler.requests.clear()  # gone without the finish listeners
         engine.scheduler.running.clear()
-        finished = time.monotonic()
-        while publisher.updates[-1].num_running and time.monotonic() < deadline:
-            time.sleep(0.005)
-        took = time.monotonic() - finished
-        assert publisher.updates[-1].num_running == 0 and took < IDLE_WAIT_S / 2, took
+        assert _wait_for(publisher, lambda u: u.num_running == 0) < IDLE_WAIT_S / 2
     finally:
         pub.close()
