@@ -31,15 +31,14 @@ from operator import attrgetter
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.lora.manager import LoRAManager
 from kvmesh.replica.sample.draws import RandomDraws
 from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.penalties import PenaltyState
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.sample.token_lists import BatchTokenLists
-from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
+from kvmesh.replica.worker.batch_loras import BatchLoRAs
 from kvmesh.replica.worker.block_table import BlockTables
 from kvmesh.replica.worker.graphs.dispatcher import BatchDescriptor, CudagraphDispatcher, StepPath
 from kvmesh.replica.worker.model_inputs import ModelInputs, step_upload
@@ -72,22 +71,19 @@ class InputBatch:
         self.token_lists = BatchTokenLists(device)  # rows' logit_bias / allowed / min_tokens bans, kept across steps
         self.req_ids = np.zeros(0, object)
         self.params: list = []
-        self.lora: LoRAManager | None = None  # the runner's LoRA state (None: LoRA off)
-        self.lora_ids = np.zeros(0, np.int64)  # each row's adapter version: its index here (0: the base model)
-        self.lora_index: dict[tuple[str, str], int] = {}  # LoRARequest.version -> its index (> 0), once per version
-        self.lora_requests: dict[int, LoRARequest] = {}  # index -> the adapter version
+        self.loras = BatchLoRAs()  # each row's adapter (batch_loras.py); the runner hands it its LoRAManager
         self._fit_rows()
 
     def _fit_rows(self) -> None:
         n, old = self.block_tables.num_rows, len(self.params)
         if n > old:
             for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "penalized",
-                         "req_ids",
-                         "lora_ids"):
+                         "req_ids"):
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
             self.params += [None] * (n - old)
             self.token_lists.fit(n)
+            self.loras.fit(n)
 
     def free(self, request_ids) -> None:
         rows = self.block_tables.rows
@@ -113,8 +109,7 @@ class InputBatch:
                 self.penalties.reset(row, sr.prompt_token_ids or [], sr.output_token_ids)
             self.num_computed[row] = sr.num_computed_tokens
             self.prev_sample[row] = 0  # its input ids come with it
-            lora = sr.lora_request
-            self.lora_ids[row] = 0 if lora is None else self._lora_version(lora)
+            self.loras.set_row(row, sr.lora_request)
             if len(sr.token_ids) == 1:
                 self.last_token[row] = sr.token_ids[0]
         return np.array(rows, np.int64)
@@ -163,7 +158,7 @@ class InputBatch:
         host = step_arrays(self, rows, query_lens, sample_mask, num_decodes, prefills)
         n, num_tokens, sample_rows = len(rows), host.num_tokens, host.sample_rows
         gather = self._prev_sampled_gather(rows[:num_decodes])
-        req_slots = self._lora_slots(rows)  # [n] int32 slot per request, None: no adapter in the step
+        req_slots = self.loras.slots(rows)  # [n] int32 slot per request, None: no adapter in the step
         static = static and req_slots is None  # steps with an adapter run eagerly (no graph holds the update)
         path = self.dispatcher.dispatch(BatchDescriptor(n, num_tokens, len(sample_rows)), static)
         graph_sampling, graph_answers = None, False
@@ -183,8 +178,8 @@ class InputBatch:
         if gather:  # decode rows sampled by the previous step, not yet on the host: a device gather
             index, dst = dev.gathered
             dev.input_ids.index_copy_(0, dst, self.prev_sampled[index])
-        lora_mapping = None if req_slots is None else self.lora.mapping(req_slots, query_lens, dev.lora_slots,
-                                                                        dev.query_start_loc)
+        lora_mapping = None if req_slots is None else self.loras.manager.mapping(req_slots, query_lens, dev.lora_slots,
+                                                                                 dev.query_start_loc)
         return ModelInputs(dev.input_ids, dev.positions, common, dev.logits_indices, sample_rows,
                            self.req_ids[sample_rows].tolist(), rows, static_size=path.decode_size,
                            graph_sampling=graph_sampling, prefill_size=path.prefill_size,
@@ -218,27 +213,6 @@ class InputBatch:
         ids, positions, slots, logits, qsl, seq_lens, tables = staged[:7]
         return StepTensors(ids, positions, slots, logits, qsl, seq_lens, tables, staged[7:7 + len(gather)],
                            None if req_slots is None else staged[-1])
-
-    def _lora_slots(self, rows: np.ndarray) -> np.ndarray | None:
-        """Each request's adapter slot [n] int32 (-1: base), its adapters put into slots first; None when no request
-        of the step has an adapter (the base-only step costs one array test)."""
-        if self.lora is None:
-            return None
-        ids = self.lora_ids[rows]
-        if not ids.any():
-            return None
-        uniq = np.unique(ids[ids > 0]).tolist()
-        table = np.full(int(ids.max()) + 1, -1, np.int32)
-        table[uniq] = self.lora.activate([self.lora_requests[i] for i in uniq])
-        return table[ids]
-
-    def _lora_version(self, lora: LoRARequest) -> int:
-        """The index of ``lora``'s version (two versions of one name are two adapters to a step)."""
-        index = self.lora_index.get(lora.version)
-        if index is None:
-            index = self.lora_index[lora.version] = len(self.lora_index) + 1
-            self.lora_requests[index] = lora
-        return index
 
     def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, bool, tuple | None]:
         """A staged step's ``ModelInputs.graph_sampling`` and ``graph_answers``, with the settings to stage."""

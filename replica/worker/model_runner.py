@@ -18,13 +18,11 @@ from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.kv_quant import kv_cache_torch_dtype
 from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.kv_layout import block_layout, symbolic_layout
-from kvmesh.replica.lora.manager import LoRAManager
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.sample.grammar_mask import grammar_rows
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
-from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.spec_decode.verify import SpecVerifier
 from kvmesh.replica.step.scheduler_output import GrammarBitmask, SchedulerOutput
@@ -47,11 +45,14 @@ from kvmesh.replica.worker.kv_cache import (
 )
 from kvmesh.replica.worker.kv_offload import make_kv_offload
 from kvmesh.replica.worker.kv_scales import attach_kv_scales, kv_scales_digest
+from kvmesh.replica.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from kvmesh.replica.worker.profile_run import profile_forward
 from kvmesh.replica.worker.weights import build_model, checkpoint_dir
 
 logger = logging.getLogger(__name__)
-class ModelRunner:
+
+
+class ModelRunner(LoRAModelRunnerMixin):
     # the device facts of KV sizing, behind two seams (CPU tests inject their own)
     read_device_memory = staticmethod(read_cuda_memory)
     reset_peak_memory = staticmethod(torch.cuda.reset_peak_memory_stats)
@@ -73,9 +74,7 @@ class ModelRunner:
                            self.spec.sliding_window)
         self.outside_memory_at_start = outside_memory_in_use(self.device)  # replicas sharing the card hold it
         self.model = self._build_model()
-        self.lora = None if not config.enable_lora else LoRAManager(  # wraps the projections: before any capture
-            self.model, self.spec, self.model.packed_modules_mapping, config.max_loras, config.max_lora_rank,
-            config.resolved_max_cpu_loras, self.device, self.dtype)
+        self.load_lora_model(self.model, self.spec, config, self.device, self.dtype)  # before any capture
         self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size,
                                              self.kv_cache_dtype)
         for attn in self.model.attention_layers():
@@ -83,7 +82,7 @@ class ModelRunner:
         attach_kv_scales(self.model.attention_layers(), self.kv_cache_dtype, checkpoint_dir(config), self.device)
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device, config.max_num_batched_tokens, config.seed)
-        self.input_batch.lora = self.lora
+        self.input_batch.loras.manager = self.lora
         self.static_decode = None  # decode steps on static shapes (CUDA graphs)
         # measured before the KV cache is sized, captured by bind_thread on the thread that replays them
         self.capture_graphs = use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size,
@@ -223,11 +222,8 @@ class ModelRunner:
             logits, graph_tokens, graph_logprobs = self.static_decode.prefill.run(inputs.prefill_size,
                                                                                   inputs.graph_sampling)
         else:
-            if self.lora is not None:  # which slot each request's tokens use (None: no adapter this step)
-                self.lora.state.mapping = inputs.lora_mapping
-            hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
-            if self.lora is not None:
-                self.lora.state.mapping = None  # no later forward (a graph capture) sees this step's
+            with self.lora_mapping(inputs.lora_mapping):  # which slot each request's tokens use; hidden: [T, H]
+                hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))
         if copies is not None:
             self.kv_offload.store(copies.job_id, copies.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
@@ -272,25 +268,7 @@ class ModelRunner:
         first_rows = self.input_batch.first_token_index(inputs, [sr.request_id for sr in asking])
         return self.prompt_logprobs.compute(asking, first_rows, hidden, self.model.compute_logits)
 
-    # -- LoRA adapters (replica/lora/): ModelRunnerInterface's part ----------------------------------------------
-    def add_lora(self, lora: LoRARequest) -> LoadedLoRA:
-        """Read and check an adapter into host memory; its bytes and identity. Raises LoRAError (a ValueError)
-        when refused."""
-        if self.lora is None:
-            raise ValueError("LoRA adapters need enable_lora")
-        return self.lora.add_lora(lora)
-
-    def remove_lora(self, lora: LoRARequest) -> bool:
-        return self.lora is not None and self.lora.remove_lora(lora)
-
-    def lora_residency(self) -> tuple[list[str], float | None]:
-        """Adapters in a device slot, and the measured bytes per second of loads into one (None before any)."""
-        return ([], None) if self.lora is None else (self.lora.resident, self.lora.load_bytes_per_s)
-
-    def lora_load_seconds(self) -> float:
-        return 0.0 if self.lora is None else self.lora.load_seconds
-
-    # -- the rest of ModelRunnerInterface: one process, no TP group that could break --------------
+    # -- the rest of ModelRunnerInterface (its LoRA part: the mixin): one process, no TP group that could break --
     dead_reason: str | None = None
 
     def check_health(self, timeout_s: float = 10.0) -> str | None:

@@ -93,7 +93,7 @@ def test_a_step_mixing_the_base_and_an_adapter_runs_on_the_meta_device(tmp_path)
     for i, attn in enumerate(model.attention_layers()):
         attn.backend, attn.kv_cache = backend, kv[i]
     batch = InputBatch(4, 8, block_size, META)
-    batch.lora = lora
+    batch.loras.manager = lora
     greedy = SamplingParams(temperature=0.0)
     inputs = batch.prepare(SchedulerOutput([
         ScheduledRequest("base", list(range(1, 10)), 0, [5], True, greedy),
