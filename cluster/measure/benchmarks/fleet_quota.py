@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.quota_fleet import QuotaFleet, heavy_key, write_keys
 from kvmesh.cluster.measure.benchmarks.support.quota_load import LoadSettings, flood, light_alone
+from kvmesh.cluster.measure.benchmarks.support.work_dir import in_work_dir, write_results
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,16 +101,9 @@ def measure(urls: list[str], settings: LoadSettings, args: argparse.Namespace) -
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.work is not None:
-        Path(args.work).mkdir(parents=True, exist_ok=True)
-        result = run(args, Path(args.work))
-    else:
-        with tempfile.TemporaryDirectory(prefix="kvmesh-fleet-quota-") as tmp:
-            result = run(args, Path(tmp))
-    result["command"] = "kvmesh bench fleet_quota " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    result = in_work_dir(args.work, "kvmesh-fleet-quota-", lambda work: run(args, work))
+    out = write_results(result, args.out,
+                        "kvmesh bench fleet_quota " + " ".join(argv if argv is not None else sys.argv[1:]))
     print(f"{'PASS' if result['ok'] else 'FAIL'}: each rate within {args.tolerance:.0%} of {args.tokens_per_s:g} "
           f"tokens/s; written to {out}")
     return 0 if result["ok"] else 1

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.soak_fleet import SoakFleet
 from kvmesh.cluster.measure.benchmarks.support.soak_traffic import TrafficSettings, drive
 from kvmesh.cluster.measure.benchmarks.support.soak_verdict import SoakTally, trend_mb_per_10min, verdict
+from kvmesh.cluster.measure.benchmarks.support.work_dir import in_work_dir, write_results
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 
@@ -125,16 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not 0 < args.warmup < args.duration:
         raise SystemExit(f"--warmup ({args.warmup:g}) must be between 0 and --duration ({args.duration:g})")
-    if args.work is not None:
-        Path(args.work).mkdir(parents=True, exist_ok=True)
-        result = run(args, Path(args.work))
-    else:
-        with tempfile.TemporaryDirectory(prefix="kvmesh-soak-") as tmp:
-            result = run(args, Path(tmp))
-    result["command"] = "kvmesh bench soak " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    result = in_work_dir(args.work, "kvmesh-soak-", lambda work: run(args, work))
+    out = write_results(result, args.out, "kvmesh bench soak " + " ".join(argv if argv is not None else sys.argv[1:]))
     from kvmesh.cluster.measure.benchmarks.support.soak_plot import plot
 
     plot(result, str(out.with_suffix(".png")))
