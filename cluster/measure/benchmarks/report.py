@@ -43,7 +43,7 @@ from pathlib import Path
 from kvmesh.cluster.measure.benchmarks.policy_matrix import count_line, dominance
 
 DOCS = ("README.md", "BENCHMARKS.md", "docs/gpu-cluster.md", "docs/benchmarks/routing-against-peers.md",
-        "docs/multi-host-routers.md", "docs/benchmarks/engine-cpu.md")
+        "docs/multi-host-routers.md", "docs/benchmarks/engine-cpu.md", "docs/benchmarks/several-routers.md")
 """The documents whose tables are generated (a guide holds the ones BENCHMARKS.md points to)."""
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 

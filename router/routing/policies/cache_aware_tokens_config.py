@@ -28,7 +28,7 @@ class CacheAwareTokensConfig(PolicyConfig):
     about what queueing the request there adds to its cost for the next), so that routers deciding inside one burst
     on the same published load do not all send it to one replica. A router alone takes the cheapest. 0 (the
     default): every router takes the cheapest; in the simulator 0.15 cut a burst's excess TTFT but gave up hit share
-    on steady conversation traffic (BENCHMARKS.md, "Routers that share only what the replicas publish")."""
+    on steady conversation traffic (docs/benchmarks/several-routers.md)."""
     near_pick: str = "random"
     """How the choice among ``near_share``'s near-equal candidates is made: ``random`` (a draw), or ``prefix_hash``
     (rendezvous hashing of the prompt's first block no candidate holds over the candidates' ids: every router sends
