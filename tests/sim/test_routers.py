@@ -172,3 +172,8 @@ def test_a_replica_publishes_a_request_it_accepted_at_once_and_a_steps_change_on
     assert publishing.wait("0", 0.002, 0.005, due=False) is None  # already due then
     assert publishing.wait("0", 0.003, 0.005, due=False, accepted=True) == 0.0  # a request accepted: now
     assert publishing.wait("0", 0.005, 0.005, due=True) == 0.0  # the step's change: when its interval ended
+
+
+def test_shared_and_published_loads_together_are_refused_as_they_would_count_twice():
+    with pytest.raises(ValueError, match="count another router's request twice"):
+        replace(CFG, num_routers=2, share_loads=True, published_loads=True)

@@ -165,6 +165,10 @@ class SimConfig:
             raise ValueError("set kv_cache_memory_per_replica or blocks_per_replica, not both")
         if self.kv_bytes_per_token < 1:
             raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
+        if self.share_loads and self.published_loads:
+            raise ValueError("share_loads and published_loads together count another router's request twice (once "
+                             "shared, once as the replica publishes it, the phantom booking never acknowledged): "
+                             "choose one")
         if self.router.block_size != self.engine.block_size:  # the router hashes the replicas' blocks
             object.__setattr__(self, "router", replace(self.router, block_size=self.engine.block_size))
         if self.blocks_per_replica is not None and self.blocks_per_replica < 1:
