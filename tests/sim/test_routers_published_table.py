@@ -41,3 +41,22 @@ def test_reports_without_the_pool_or_without_one_router_are_refused():
         table([no_pool])
     with pytest.raises(ValueError, match="--routers 1"):
         table([_doc({4: 0.4, 16: 0.4}, {4: 1.0, 16: 1.0})])
+
+
+def test_routers_that_see_each_others_choices_at_once_are_tabled_as_such():
+    shared = {"share_loads": True, "share_predictions": True}
+    docs = [{**_doc({1: 0.40, 4: 0.40}, {1: 1.0, 4: 1.0}), "config": shared} for _ in range(3)]
+    text = table(docs)
+    assert "every router's requests sent there that have not finished and the blocks each predicted there" in text
+    assert "published at once" not in text
+
+
+def test_seeds_run_with_different_views_or_none_are_refused():
+    published, shared = _doc({1: 0.4, 4: 0.4}, {1: 1.0, 4: 1.0}), _doc({1: 0.4, 4: 0.4}, {1: 1.0, 4: 1.0})
+    shared["config"] = {"share_loads": True}
+    with pytest.raises(ValueError, match="different views"):
+        table([published, shared])
+    blind = _doc({1: 0.4, 4: 0.4}, {1: 1.0, 4: 1.0})
+    blind["config"] = {}
+    with pytest.raises(ValueError, match="saw nothing of each other"):
+        table([blind])

@@ -1,5 +1,6 @@
 """The table of N routers that share no memory, each seeing the load the replicas publish (``kvmesh sim --routers
-1,4,16 --published-loads``), against one router, over arrival seeds: one results file per seed.
+1,4,16 --published-loads``), or each seeing every other's choices at once (``--share-loads --share-predictions``: an
+ideal feed between the routers), against one router, over arrival seeds: one results file per seed.
 
 A row per router count: the hit rate as a share of the single pool's and the mean TTFT (means over the seeds), and
 each seed's difference from one router on the same arrivals, with its 95% interval over the seeds
@@ -35,10 +36,16 @@ def _pool_share(doc: dict, run: dict) -> float:
     return run["hit_rate"] / pool
 
 
-def _lag(config: dict) -> str:
-    every, lag = config["load_publish_interval_s"], config["load_publish_lag_s"]
-    return (f"a request it accepted published at once and a step's change within {every * 1e3:.0f} ms, read "
-            f"{lag * 1e3:.0f} ms later")
+def _view(config: dict) -> str:
+    """What each router sees of the others' requests on a replica."""
+    if config.get("published_loads"):
+        every, lag = config["load_publish_interval_s"], config["load_publish_lag_s"]
+        return (f"Each router's view of a replica: a request it accepted published at once and a step's change within "
+                f"{every * 1e3:.0f} ms, read {lag * 1e3:.0f} ms later, plus its own requests the replica had not "
+                f"counted then.")
+    predictions = " and the blocks each predicted there" if config.get("share_predictions") else ""
+    return (f"Each router's view of a replica: every router's requests sent there that have not finished{predictions}, "
+            f"as each router chooses (a feed between the routers with no lag; the replicas publish nothing).")
 
 
 def _row(docs: list[dict], n: int) -> str:
@@ -59,8 +66,12 @@ def _row(docs: list[dict], n: int) -> str:
 def table(docs: list[dict]) -> str:
     """The seeds' reports (each with the runs of every router count, ``published_loads`` on) as one table."""
     for doc in docs:
-        if not doc["config"].get("published_loads"):
-            raise ValueError("a report without --published-loads among the published-load runs; re-run its command")
+        if not (doc["config"].get("published_loads") or doc["config"].get("share_loads")):
+            raise ValueError("a report with neither --published-loads nor --share-loads among the several-router "
+                             "runs: its routers saw nothing of each other; re-run its command")
+        if _view(doc["config"]) != _view(docs[0]["config"]):
+            raise ValueError("the seeds' reports were run with different views of the other routers; one table, one "
+                             "command")
     counts = sorted(_runs(docs[0]))
     if counts[0] != 1:
         raise ValueError("the published-load runs need --routers 1,... (one router is what N are compared with)")
@@ -71,6 +82,5 @@ def table(docs: list[dict]) -> str:
            "|---|---|---|---|---|---|---|"]
     out += [_row(docs, n) for n in counts]
     arrivals = docs[0].get("trace", {}).get("arrivals", "the trace's own arrivals")
-    out.append(f"\nPolicy {', '.join(policies)}. Each router's view of a replica: {_lag(docs[0]['config'])}, plus "
-               f"its own requests the replica had not counted then. Arrivals (first seed): {arrivals}.")
+    out.append(f"\nPolicy {', '.join(policies)}. {_view(docs[0]['config'])} Arrivals (first seed): {arrivals}.")
     return "\n".join(out)
