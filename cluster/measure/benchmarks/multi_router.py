@@ -12,14 +12,15 @@ file) and stories260K replicas on CPU. A shared trace's first ``--requests`` rec
 token ids, are replayed on the same replicas, each run under its own ``cache_salt`` so no run reuses another's
 blocks:
 
-- ``sessions``: conversations whose next turn reaches another router than the first (did it find the replica
-  that holds the first turn?), on routers with no history yet. A router's long history can send a next turn away
-  from its holder on its own: the default's turnover term prices an uncached token by how much of this router's
-  prefill each replica took lately (``CacheAwareTokensConfig.turnover_while_filling``), which is the policy's
-  trade-off, not the index's; each miss is kept with both turns' route receipts;
 - ``one``: every request through router 0;
 - ``spread``: request i through router i mod N (``one`` and ``spread`` repeated ``--trials`` times, interleaved;
   their hit rates are the trials' mean);
+- ``sessions``: conversations whose next turn reaches another router than the first: did that router's index know
+  the replica that holds the first turn (its route receipt's best hit), and was the turn computed there? The two
+  differ by the policy alone: the default's turnover term prices an uncached token by how much of this router's
+  prefill each replica took lately, evicting or not (``CacheAwareTokensConfig.turnover_while_filling``), so on two
+  idle replicas a router whose last prompts leaned to the holder can send the next turn to the other. Each turn not
+  computed on its holder is kept with both turns' route receipts;
 - a drain sent to a placed router (answered by serve, the owner of the replica set: a 421 naming it);
 - ``responses``: a stored Responses conversation (support/responses_talk.py), turn 1 through router 1, turn 2 by
   ``previous_response_id`` through router 0 on another node;
@@ -113,14 +114,14 @@ def _kill(views: RouterViews, killed_at: list[float]) -> None:
 
 async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int, model: str,
                trials: int, talk: Talk) -> dict:
+    results = await _replays(views, prompts, concurrency, model, trials)
     talks, routers, headers = conversations(), len(views.urls()), views.client_headers
     first = await send_turn(views.urls, model, talks, 0, lambda i: i % routers, headers)
     await asyncio.sleep(NEXT_TURN_AFTER_S)
     second = await send_turn(views.urls, model, talks, 1, lambda i: (i + 1) % routers, headers)
     next_turn = turn_summary(talks, 1, second, first)
-    results = await _replays(views, prompts, concurrency, model, trials)
-    results["sessions"] = {"conversations": len(talks), "next_turn_found_its_replica": next_turn["found"],
-                           "next_turn_missed": next_turn["missed"]}
+    results["sessions"] = {"conversations": len(talks), "next_turn_index_knew": next_turn["index_knew"],
+                           "next_turn_found_its_replica": next_turn["found"], "next_turn_missed": next_turn["missed"]}
     results["owner_request_status"] = await views.owner_request_status()
     await _first_turns(views, talk)
     killed_at: list[float] = []
@@ -137,7 +138,8 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
     results["kill"]["settled_s"] = await views.wait_settled()
     third = await send_turn(views.urls, model, talks, 2, lambda i: KILLED, headers)  # its index: replay, snapshot
     after_restart = turn_summary(talks, 2, third, second)
-    results["sessions"] |= {"after_restart_found_its_replica": after_restart["found"],
+    results["sessions"] |= {"after_restart_index_knew": after_restart["index_knew"],
+                            "after_restart_found_its_replica": after_restart["found"],
                             "after_restart_missed": after_restart["missed"]}
     await talk.say(views.urls()[KILLED], KILLED)
     results["responses"] = await talk.check(views.urls())

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+from kvmesh.router.routing.receipts import HEADER_BEST, HEADER_OPT_IN, HEADER_PREFIX, HEADER_REASON, HEADER_REPLICA
 
 STORY = ("Once upon a time there was a little girl named Lily. She loved to play outside in the park with her dog "
          "Max. One day the sun was shining and the birds were singing in the tall green trees. Lily ran to the "
@@ -50,7 +51,8 @@ class Talk:
     node_of: Callable[[int], str]
     """The Ray node id a router runs on (asked when the turn is sent)."""
     turns: list[dict] = field(default_factory=list)
-    """Per turn: router, node, status, cached_tokens, input_tokens, error."""
+    """Per turn: router, node, status, cached_tokens, input_tokens, error, and from its route receipt the replica, why
+    it was chosen (``route_reason``) and the best hit any replica offered (``best_hit_tokens``)."""
     stored: list[dict] = field(default_factory=list)
     """The answered turns' Response objects."""
 
@@ -62,13 +64,16 @@ class Talk:
             body["previous_response_id"] = self.stored[-1]["id"]
         turn: dict = {"router": router, "node": self.node_of(router)}
         try:
-            status, answer = await _call(url, "POST", "/v1/responses", self.keys.owner, body)
+            status, answer, receipt = await _call(url, "POST", "/v1/responses", self.keys.owner, body,
+                                                  {HEADER_OPT_IN: "1"})
         except (aiohttp.ClientError, TimeoutError) as e:
-            status, answer = None, {"error": {"message": type(e).__name__}}
+            status, answer, receipt = None, {"error": {"message": type(e).__name__}}, {}
         usage = answer.get("usage") or {}
         turn.update(status=status, cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens", 0),
                     input_tokens=usage.get("input_tokens", 0),
-                    error=None if status == 200 else str((answer.get("error") or {}).get("message"))[:300])
+                    error=None if status == 200 else str((answer.get("error") or {}).get("message"))[:300],
+                    replica=receipt.get(HEADER_REPLICA), route_reason=receipt.get(HEADER_REASON),
+                    best_hit_tokens=int(receipt.get(HEADER_BEST, 0)))
         self.turns.append(turn)
         if status == 200:
             self.stored.append(answer)
@@ -80,9 +85,9 @@ class Talk:
         for url in urls:
             for stored in self.stored:
                 path = f"/v1/responses/{stored['id']}"
-                status, answer = await _call(url, "GET", path, self.keys.owner)
+                status, answer, _ = await _call(url, "GET", path, self.keys.owner)
                 found += status == 200 and answer.get("output") == stored["output"]
-                status, _ = await _call(url, "GET", path, self.keys.stranger)
+                status, _, _ = await _call(url, "GET", path, self.keys.stranger)
                 shown += status != 404
         chained = all(later.get("previous_response_id") == earlier["id"]
                       for earlier, later in zip(self.stored, self.stored[1:], strict=False))
@@ -90,11 +95,14 @@ class Talk:
                 "found_by_owner": found, "expected": len(urls) * len(self.stored), "shown_to_stranger": shown}
 
 
-async def _call(url: str, method: str, path: str, key: str, body: dict | None = None) -> tuple[int, dict]:
-    headers = {"Authorization": f"Bearer {key}"}
+async def _call(url: str, method: str, path: str, key: str, body: dict | None = None,
+                extra_headers: dict[str, str] | None = None) -> tuple[int, dict, dict[str, str]]:
+    """Status, JSON body and the route receipt's headers (lower-cased; empty unless asked for)."""
+    headers = {"Authorization": f"Bearer {key}", **(extra_headers or {})}
     async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), headers=headers) as http,
                 http.request(method, url + path, json=body) as response):
-        return response.status, await response.json(content_type=None)
+        receipt = {k.lower(): v for k, v in response.headers.items() if k.lower().startswith(HEADER_PREFIX)}
+        return response.status, await response.json(content_type=None), receipt
 
 
 def conversation_line(result: dict, killed: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import aiohttp
 from kvmesh.cluster.measure.benchmarks.support.spread_client import REQUEST_TIMEOUT_S, Outcome, Request, send
-from kvmesh.router.routing.receipts import HEADER_OPT_IN
+from kvmesh.router.routing.receipts import HEADER_BEST, HEADER_OPT_IN
 
 SESSION_FIRST_TOKENS = 64
 """A conversation's first prompt (4 blocks of 16 tokens); its next turn adds half as many."""
@@ -51,17 +51,25 @@ async def send_turn(urls, model: str, talks: list[list[list[int]]], turn: int, r
 
 
 def found_its_replica(talks: list[list[list[int]]], turn: int, answers: list[Outcome]) -> list[bool]:
-    """For each conversation: did turn ``turn`` find the replica that holds the turn before (its full blocks cached,
-    through the prefix index every router builds from the replicas' events)?"""
-    return [answer.cached_tokens >= len(talk[turn - 1]) - BLOCK_SIZE for talk, answer in zip(talks, answers,
-                                                                                             strict=True)]
+    """For each conversation: did turn ``turn`` reach the replica that holds the turn before (its full blocks
+    reported cached)?"""
+    return [answer.cached_tokens >= len(talk[turn - 1]) - BLOCK_SIZE
+            for talk, answer in zip(talks, answers, strict=True)]
+
+
+def index_knew(talks: list[list[list[int]]], turn: int, answers: list[Outcome]) -> list[bool]:
+    """For each conversation: did the router of turn ``turn`` know a replica holding the turn before (its route
+    receipt's best hit: the prefix index it builds from the replicas' events), wherever its policy then sent it?"""
+    return [int((answer.receipt or {}).get(HEADER_BEST, 0)) >= len(talk[turn - 1]) - BLOCK_SIZE
+            for talk, answer in zip(talks, answers, strict=True)]
 
 
 def turn_summary(talks: list[list[list[int]]], turn: int, answers: list[Outcome], before: list[Outcome]) -> dict:
-    """How many of turn ``turn``'s answers found their replica, and each miss with both turns' route receipts (the
-    replica, why it was chosen, the hit it predicted and the best any replica offered): what a miss is read by."""
-    found = found_its_replica(talks, turn, answers)
+    """How many of turn ``turn``'s routers knew the replica holding the turn before (``index_knew``), how many answers
+    were computed there (``found``), and each answer that was not, with both turns' route receipts (the replica, why
+    it was chosen, the hit it predicted and the best any replica offered): what a miss is read by."""
+    found, knew = found_its_replica(talks, turn, answers), index_knew(talks, turn, answers)
     missed = [{"conversation": i, "status": answers[i].status, "cached_tokens": answers[i].cached_tokens,
                "error": answers[i].error, "receipt": answers[i].receipt, "turn_before_receipt": before[i].receipt}
               for i, hit in enumerate(found) if not hit]
-    return {"found": sum(found), "missed": missed}
+    return {"found": sum(found), "index_knew": sum(knew), "missed": missed}
