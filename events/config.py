@@ -189,7 +189,7 @@ class SubscriberConfig:
     load_updates_per_s: float = 1000.0
     """Published load updates taken from one replica per second (events/subscribe/load_source.py): beyond it its
     newest waits, and a flood stays in its publisher's queues. An honest replica publishes one per step interval
-    (``load_interval_s``, 5 ms) and one per request it accepts."""
+    (``load_interval_s``, 5 ms), one per request it accepts and one per request that leaves its engine."""
     load_update_burst: int = 50
     """Published load updates taken from one replica at once before ``load_updates_per_s`` applies."""
     curve_server_key: str | None = None
