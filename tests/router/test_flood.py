@@ -46,7 +46,10 @@ def test_health_names_the_degraded_source_and_only_it(flooded):
     assert flooded["health_status"] == 200
     degraded = flooded["health"]["degraded_replicas"]
     assert set(degraded) == {"hostile"}
-    assert "bad frames" in degraded["hostile"]
+    # it was degraded for its bad frames; which of its causes still hold when /health is read (bad frames within the
+    # window, a lagging stream, lost events) depends on how far the router got through the flood by then
+    assert flooded["hostile_counters"]["degradations"] >= 1, flooded["hostile_counters"]
+    assert any(cause in degraded["hostile"] for cause in ("bad frames", "lagging", "lost events")), degraded
     assert flooded["health"]["event_feed"]["alive"]
 
 
