@@ -106,8 +106,10 @@ class ReplicaActor:
 
     def __init__(self, options: ReplicaOptions):
         import ray
+        from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
         from kvmesh.replica.runtime import ReplicaRuntime
 
+        cap_malloc_arenas()  # a worker on another node did not inherit serve's cap
         self.options = options
         ctx = ray.get_runtime_context()
         self.restarted = bool(ctx.was_current_actor_reconstructed)

@@ -139,6 +139,9 @@ def _device(config: ReplicaCommandConfig) -> str:
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
+
+    cap_malloc_arenas()  # before any thread allocates
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load(args)

@@ -50,6 +50,9 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import logging
 
+    from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
+
+    cap_malloc_arenas()  # before any thread allocates
     from kvmesh.cluster.config.flags import ConfigError, config_from_args
     from kvmesh.router.config import ReplicaSpec
     from kvmesh.router.control.router_server import RouterServer

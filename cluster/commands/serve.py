@@ -95,6 +95,9 @@ def prepare(args: argparse.Namespace) -> ServeConfig | int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
+
+    cap_malloc_arenas()  # serve's router, and what Ray starts here (the replicas) inherit it
     config = prepare(args)
     if isinstance(config, int):
         return config

@@ -85,8 +85,10 @@ class NodeRouter:
 
     def __init__(self, config: RouterConfig, name: str, board_name: str, namespace: str) -> None:
         import ray
+        from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
         from kvmesh.router.control.router_server import RouterServer
 
+        cap_malloc_arenas()  # a worker on another node did not inherit serve's cap
         host = ray.util.get_node_ip_address() if config.host == "auto" else config.host
         self.name = name
         self.server = RouterServer(replace(config, host=host, workers=1),
