@@ -36,7 +36,7 @@ from kvmesh.router.replicas.reuse import REASONS, ReuseTotals
 from kvmesh.router.routing.ceiling import LiveCeiling
 from kvmesh.router.routing.tier_matches import TierMatches
 
-__all__ = ["Receipts", "RouteReceipt"]
+__all__ = ["Receipts", "RouteReceipt", "receipt_headers"]
 
 HEADER_PREFIX = "x-kvmesh-"
 HEADER_REPLICA = HEADER_PREFIX + "replica"
@@ -58,6 +58,12 @@ HEADER_KV_NOT_SHARED = HEADER_PREFIX + "kv-not-shared"
 to the chosen one: why (their KV layouts differ, or one advertises none usable: router/replicas/kv_share.py)."""
 HEADER_PREDICTED_TTFT = HEADER_PREFIX + "predicted-ttft-s"
 """The predicted time to first token on the chosen replica, seconds (sent when priced)."""
+
+
+def receipt_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A client's view: the route receipt's headers among a response's ``headers``, their names lower-cased (empty
+    unless the request asked for the receipt)."""
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith(HEADER_PREFIX)}
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 """Request header a client sets (to any value) to get the receipt headers back."""
 

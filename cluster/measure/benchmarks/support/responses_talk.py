@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from kvmesh.router.routing.receipts import HEADER_BEST, HEADER_OPT_IN, HEADER_PREFIX, HEADER_REASON, HEADER_REPLICA
+from kvmesh.router.routing.receipts import HEADER_BEST, HEADER_OPT_IN, HEADER_REASON, HEADER_REPLICA, receipt_headers
 
 STORY = ("Once upon a time there was a little girl named Lily. She loved to play outside in the park with her dog "
          "Max. One day the sun was shining and the birds were singing in the tall green trees. Lily ran to the "
@@ -101,8 +101,7 @@ async def _call(url: str, method: str, path: str, key: str, body: dict | None = 
     headers = {"Authorization": f"Bearer {key}", **(extra_headers or {})}
     async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), headers=headers) as http,
                 http.request(method, url + path, json=body) as response):
-        receipt = {k.lower(): v for k, v in response.headers.items() if k.lower().startswith(HEADER_PREFIX)}
-        return response.status, await response.json(content_type=None), receipt
+        return response.status, await response.json(content_type=None), receipt_headers(response.headers)
 
 
 def conversation_line(result: dict, killed: int) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from kvmesh.router.routing.receipts import receipt_headers
 
 REQUEST_TIMEOUT_S = 60.0
 """Longest wait for one completion."""
@@ -51,8 +52,7 @@ class Request:
 
 async def _complete(http: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict, dict[str, str]]:
     async with http.post(url + "/v1/completions", json=body) as response:
-        receipt = {k.lower(): v for k, v in response.headers.items() if k.lower().startswith("x-kvmesh-")}
-        return response.status, await response.json(content_type=None), receipt
+        return response.status, await response.json(content_type=None), receipt_headers(response.headers)
 
 
 async def send(http: aiohttp.ClientSession, urls: Callable[[], list[str]], request: Request, salt: str,
