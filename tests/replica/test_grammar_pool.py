@@ -101,3 +101,20 @@ def test_compiles_submitted_from_many_threads_at_once_all_end(pool):
     for future in futures:
         assert future.exception(timeout=120) is None
     assert p.stats["compiled"] == 200 and p.stats["running"] == p.stats["waiting"] == 0
+
+
+def test_compile_processes_run_below_the_engines_priority(pool):
+    """A flood of slow constraints keeps the compile processes busy and restarting: they run niced, so where CPUs
+    are short the engine's steps come first (engine/grammar_worker.py's ``NICENESS``)."""
+    import os
+
+    import psutil
+
+    ours = os.nice(0)
+    if ours == 19:
+        pytest.skip("this process runs at the lowest priority already: no lower one to see")
+    p = pool(compile_processes=2, compile_timeout_s=60)
+    p.warm()
+    assert wait_for(lambda: len(p.worker_pids) == 2, 60)
+    assert wait_for(lambda: all(psutil.Process(pid).nice() > ours for pid in p.worker_pids), 30), \
+        (ours, [psutil.Process(pid).nice() for pid in p.worker_pids])
