@@ -53,8 +53,10 @@ SECOND_ROUND_MB = 40.0
 """Resident memory a process may gain over the second round of the attack: the allocators still settling, none of it
 in use. Rounds of the largest cases alone took the router 107, 155, 168, 185 MB while glibc's in-use bytes stayed at
 23 MB (its free lists and pymalloc's partly used arenas grew 10-17 MB a round); whole rounds on a 2-core machine at a
-load average of 14-20 took the replicas 4-25 MB further. A holder of what the attack sends grows by all of it each
-round: before the router collected the cycles refused bodies leave (heap_trim.py), one round kept 60-80 MB."""
+load average of 14-20 took the replicas 4-25 MB further, and 22-51 MB on loaded runs while each replica allocated from
+16 malloc arenas (1-12 MB capped at two: replica/openai/malloc_arenas.py). A holder of what the attack sends grows by
+all of it each round: before the router collected the cycles refused bodies leave (heap_trim.py), one round kept 60-80
+MB."""
 ALONE_S = 4.0
 """The light tenant alone, first (its p90 then is reported beside the base)."""
 CONTROL_S = 10.0
