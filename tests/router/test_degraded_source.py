@@ -53,7 +53,9 @@ def publisher() -> ZmqEventPublisher:
     return ZmqEventPublisher(PublisherConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0"))
 
 
-async def wait_for(predicate, timeout=8.0) -> bool:
+async def wait_for(predicate, timeout=30.0) -> bool:
+    """Whether ``predicate`` came to hold within ``timeout`` (a backstop: it returns once it holds; a router's first
+    snapshot took over 8 s on a 2-core machine running the whole suite beside a CPU-bound process)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

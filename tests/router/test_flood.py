@@ -46,10 +46,12 @@ def test_health_names_the_degraded_source_and_only_it(flooded):
     assert flooded["health_status"] == 200
     degraded = flooded["health"]["degraded_replicas"]
     assert set(degraded) == {"hostile"}
-    # it was degraded for its bad frames; which of its causes still hold when /health is read (bad frames within the
-    # window, a lagging stream, lost events) depends on how far the router got through the flood by then
-    assert flooded["hostile_counters"]["degradations"] >= 1, flooded["hostile_counters"]
+    # which of its causes hold when /health is read depends on how far the router got through the flood by then: its
+    # bad frames (enough of them within the window; a router a loaded machine slows may read too few for that), its
+    # lagging stream, the events it lost (the source's degradation for bad frames alone: test_degraded_source.py)
     assert any(cause in degraded["hostile"] for cause in ("bad frames", "lagging", "lost events")), degraded
+    if "bad frames" in degraded["hostile"]:
+        assert flooded["hostile_counters"]["degradations"] >= 1, flooded["hostile_counters"]
     assert flooded["health"]["event_feed"]["alive"]
 
 
