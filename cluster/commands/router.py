@@ -50,13 +50,12 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import logging
 
-    from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
-
-    cap_malloc_arenas()  # before any thread allocates
     from kvmesh.cluster.config.flags import ConfigError, config_from_args
+    from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
     from kvmesh.router.config import ReplicaSpec
     from kvmesh.router.control.router_server import RouterServer
 
+    cap_malloc_arenas()  # before any thread allocates
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         command = config_from_args(args, ROUTER_SCHEMA)
