@@ -103,6 +103,36 @@ class TokenizeConfig:
 
 
 @dataclass(slots=True)
+class SyncConfig:
+    """The sync stream between the routers of one service (router/control/router_sync.py): each tells the others of
+    every request it sends, so inside a burst none decides blind of the others' choices (``RouterConfig.sync``;
+    flags ``--sync-bind``, ``--sync-peers``)."""
+
+    bind: str | None = None
+    """ZeroMQ endpoint this router publishes its choices on (tcp://127.0.0.1:5600; port 0 picks a free one); None:
+    it publishes none. ``kvmesh serve`` sets it for the routers it places on several nodes."""
+    peers: tuple[str, ...] = ()
+    """The other routers' sync endpoints, each followed: their requests count on the replicas' loads here and their
+    prompts' blocks as held where they went, until the replicas' published loads and events say so themselves."""
+    choices_per_s: float = 20000.0
+    """Choices taken from one peer per second at most (a flood beyond it waits, then is dropped)."""
+    choice_burst: int = 2000
+    """Choices one peer may send at once above that rate."""
+
+    @property
+    def enabled(self) -> bool:
+        """This router publishes its choices or follows another's."""
+        return self.bind is not None or bool(self.peers)
+
+    def __post_init__(self) -> None:
+        for endpoint in (*((self.bind,) if self.bind is not None else ()), *self.peers):
+            if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"router.sync endpoints are ZeroMQ addresses (tcp://HOST:PORT), got {endpoint!r}")
+        if not self.choices_per_s > 0 or self.choice_burst < 1:
+            raise ValueError("router.sync.choices_per_s must be > 0 and choice_burst >= 1")
+
+
+@dataclass(slots=True)
 class RouterConfig:
     """How the router listens, decides and talks to replicas. Sections are handed whole to what uses them
     (``events`` to the subscriber and the stream watch, ``upstream`` to the pool and the proxy, ``outliers`` to
@@ -172,6 +202,9 @@ class RouterConfig:
     transfers: KVPlacementRules = field(default_factory=KVPlacementRules, metadata={"prefix": ""})
     """KV that moves between replicas: the prefill/decode split and peer pulls (--pd-min-uncached-tokens,
     --peer-pulls ...; router/routing/kv_placement.py)."""
+    sync: SyncConfig = field(default_factory=SyncConfig, metadata={"prefix": "sync"})
+    """The stream between this router and the others of its service (--sync-bind, --sync-peers): each one's choices
+    counted by all as they are made (router/control/router_sync.py)."""
     responses: ResponsesStoreConfig = field(default_factory=ResponsesStoreConfig, metadata={"prefix": "responses"})
     """Where stored responses of the Responses API live: a SQLite file every router process of this host shares,
     or PostgreSQL for routers on several hosts (--responses-path, --responses-dsn)."""
@@ -204,6 +237,12 @@ class RouterConfig:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
         check_internal_key(self.internal_key, "internal_key", {"api_key": self.api_key, "admin_key": self.admin_key})
         check_salt_secret(self.cache_salt_secret)
+        if self.sync.enabled and self.internal_key is None:
+            raise ValueError("router.sync needs router.internal_key: the routers of one service share it, and derive "
+                             "from it the block keys they tell each other of (kvmesh serve generates one)")
+        if self.sync.enabled and self.workers != 1:
+            raise ValueError(f"router.sync runs in a single router process (workers=1, got {self.workers}): the "
+                             "workers of one host already share their counts; sync the hosts' routers instead")
 
     def policy_config(self) -> PolicyConfig:
         """The policy's typed config section from ``policy_kwargs`` (a bad knob is a ValueError naming it)."""

@@ -36,7 +36,9 @@ from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.quota_sync import QuotaSync, fleet_quota
 from kvmesh.router.control.replica_calls import ReplicaCalls
+from kvmesh.router.control.router_sync import RouterSync
 from kvmesh.router.control.stream_watch import StreamWatch
+from kvmesh.router.control.sync_wire import MAX_TOKENS, key_seed
 from kvmesh.router.http.admission_gate import AdmissionGate
 from kvmesh.router.http.data_plane import DataPlane
 from kvmesh.router.http.fleet_metrics import FleetMetrics
@@ -77,7 +79,11 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
         self.config = config
-        self.router: KVRouter = build_router(config, seed=secrets.randbits(64))
+        seed = key_seed(config.internal_key) if config.sync.enabled else secrets.randbits(64)  # sync_wire.py
+        self.router: KVRouter = build_router(config, seed=seed)
+        self.sync: RouterSync | None = None
+        """The stream of choices between this router and the others of its service (router_sync.py; made at start
+        when ``config.sync`` is on)."""
         self.replicas = self.router.replicas
         """One record per replica (router/replicas/): its spec, state, health, load, models, what it accepts, ..."""
         self.calls = ReplicaCalls(config)
@@ -152,6 +158,10 @@ class RouterRuntime:
         self.feed.start()
         for spec in self._initial:
             self.add_replica(spec)
+        if self.config.sync.enabled:
+            max_len = self.config.max_model_len or MAX_TOKENS
+            self.sync = RouterSync(self.router, self.config.sync, self.config.events,
+                                   max_len // self.router.block_size + 1, self._loop).start()
         await self.probes.probe_all()
         self.probes.start_polling()
         self.quota = fleet_quota(self.admission, self.config.responses)
@@ -165,6 +175,8 @@ class RouterRuntime:
         await self.probes.stop()
         await self.health.stop()
         await asyncio.to_thread(self.feed.close)
+        if self.sync is not None:
+            await asyncio.to_thread(self.sync.close)
         self.calls.close()
         self.renderer.close()
         self.models.close()

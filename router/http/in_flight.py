@@ -43,6 +43,9 @@ class InFlight:
         d = self.decision
         self.booking = self.loads.on_dispatch(d.replica, d.uncached_tokens, prompt_tokens=self.prompt_tokens,
                                               sequences=d.sequences)
+        tell = self.router.choices_out
+        if tell is not None:  # the other routers count it too (router/control/router_sync.py)
+            tell(d.replica.id, self.booking or 0, d.uncached_tokens, d.keys)
         return self
 
     def headers(self) -> dict[str, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["Bookings"]
+__all__ = ["Bookings", "PeerBookings"]
 
 class Bookings:
     """This router's bookings on one replica, numbered from 1, and which the replica has not acknowledged."""
@@ -68,3 +68,33 @@ class Bookings:
         """Drop every booking (the replica restarted or stopped publishing)."""
         self._open.clear()
         self.unacked_tokens = 0
+
+
+class PeerBookings(Bookings):
+    """Another router's bookings on one replica, as its choices reached this router (router/control/router_sync.py):
+    numbered by that router, acknowledged by the replica's published load as that router's own are.
+
+    The feed and the replica's updates race: an acknowledgement may come before the booking it covers, so the
+    highest acknowledged number is kept as the replica said it (not cut at the last booking seen), and a booking at
+    or below it is already counted there and not recorded. A number at or below the last recorded is a repeat."""
+
+    __slots__ = ()
+
+    def record(self, number: int, tokens: int, now: float) -> bool:
+        """Count the other router's booking ``number`` of ``tokens`` uncached prompt tokens, received at ``now``;
+        False (nothing counted) when the replica already counts it or it repeats one recorded."""
+        if number <= self.last or number <= self.acked:
+            return False
+        self.last = number
+        self._open.append((number, tokens, now))
+        self.unacked_tokens += tokens
+        return True
+
+    def acknowledge(self, acked: int, now: float, max_age_s: float) -> None:
+        """The replica accepted the other router's bookings up to ``acked``: drop those, and those older than
+        ``max_age_s``."""
+        self.acked = max(self.acked, acked)
+        open_ = self._open
+        while open_ and open_[0][0] <= self.acked:
+            self.unacked_tokens -= open_.popleft()[1]
+        self.expire(now, max_age_s)

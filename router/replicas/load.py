@@ -15,7 +15,7 @@ import msgspec
 from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.replica.serving.load_report import DecodeStepLoad, KVLayoutInfo, LoadReport, LoRALoad
 from kvmesh.router.replicas.advertised_layout import read_layout
-from kvmesh.router.replicas.bookings import Bookings
+from kvmesh.router.replicas.bookings import Bookings, PeerBookings
 
 PUBLISHED_FRESH_S = 2.0
 """Seconds a replica's published load is taken over its ``/load`` polls (a replica publishes at least every few
@@ -131,13 +131,17 @@ class ReplicaLoad:
     peer_pending_prefill_tokens: int = 0
     """Their uncached prompt tokens that have produced no output yet (idem)."""
     unacked_requests: int = 0
-    """This router's requests sent here that the replica's last published load does not count yet
-    (router/replicas/bookings.py; 0 when the replica does not publish its load)."""
+    """Requests of this router (and of the routers it syncs with) sent here that the replica's last published load
+    does not count yet (router/replicas/bookings.py; 0 when the replica does not publish its load)."""
     unacked_prefill_tokens: int = 0
     """Their uncached prompt tokens."""
     bookings: Bookings | None = None
     """This router's requests sent here that the replica has not acknowledged yet (replicas/bookings.py); None
     while the replica publishes no load."""
+    peer_bookings: dict[str, PeerBookings] = field(default_factory=dict)
+    """Other routers' requests sent here that the replica has not acknowledged yet, by their router ids, as their
+    choices reached this router (router/control/router_sync.py; empty without routers to sync with). Counted in
+    ``unacked_*`` beside this router's own."""
     published_seq: int | None = None
     """``seq`` of the last load the replica published (events/load.py) that this router applied; None: none yet
     (the replica's load comes from ``/load`` polls)."""
@@ -145,6 +149,9 @@ class ReplicaLoad:
     """Its ``epoch`` (a restarted replica numbers its updates from 0 again, in a new epoch)."""
     retired_epochs: tuple[int, ...] = ()
     """The epochs a newer one replaced, the latest last (``RETIRED_EPOCHS`` kept): a late update of one is refused."""
+    published_accepted: dict[str, int] = field(default_factory=dict)
+    """Its ``accepted``: per router id, the highest booking number the replica had accepted from it (a booking of
+    another router that reaches this one later is counted there already: ``LoadTracker.peer_booked``)."""
     published_ts: float = 0.0
     """Its ``ts`` (the replica's wall clock: shown, never an order)."""
     published_at: float = 0.0
@@ -230,6 +237,7 @@ class ReplicaLoad:
             else:
                 self.retired_epochs = (*self.retired_epochs, self.published_epoch)[-RETIRED_EPOCHS:]
         self.published_seq, self.published_epoch, self.published_ts = update.seq, update.epoch, update.ts
+        self.published_accepted = update.accepted
         self.published_at = time.monotonic() if now is None else now
         self.num_running, self.num_waiting = update.num_running, update.num_waiting
         self.kv_usage, self.queued_prefill_tokens = update.kv_usage, update.queued_prefill_tokens

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvmesh.router.replicas.replica import JOINING, READY, Replica, ReplicaId
@@ -86,6 +86,8 @@ class KVRouter(EventIntake, PullPlanning):
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
         self.events_applied = 0
         """Events applied from all replicas."""
+        self.choices_out: Callable[[ReplicaId, int, int, list[int]], None] | None = None
+        """Tells the other routers of each request sent (router/control/router_sync.py); None: it syncs with none."""
         self.untrusted: set[Replica] = set()
         """The degraded replicas (``set_degraded``): their index matches are ignored."""
         self.replicas.on_added(lambda replica: self.index.add_replica(replica.id), locked=True)

@@ -16,7 +16,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from kvmesh.events.load import ReplicaLoadUpdate
-from kvmesh.router.replicas.bookings import Bookings
+from kvmesh.router.replicas.bookings import Bookings, PeerBookings
 from kvmesh.router.replicas.load import PUBLISHED_FRESH_S, ReplicaLoad
 from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
@@ -24,12 +24,15 @@ from kvmesh.router.replicas.replica_set import ReplicaSet
 if TYPE_CHECKING:
     from kvmesh.router.routing.shared_loads import SharedLoadTable
 
-__all__ = ["ARRIVAL_TAU_S", "BOOKING_MAX_AGE_S", "LoadTracker", "new_router_id"]
+__all__ = ["ARRIVAL_TAU_S", "BOOKING_MAX_AGE_S", "MAX_PEER_ROUTERS", "LoadTracker", "new_router_id"]
 
 ARRIVAL_TAU_S = 30.0
 """Time constant of ``ReplicaLoad.arrival_rate``: the window over which a replica's request rate is counted."""
 BOOKING_MAX_AGE_S = 2.0
 """Seconds after which a booking no published load acknowledged is taken for lost (its request failed on the way)."""
+MAX_PEER_ROUTERS = 64
+"""Other routers whose bookings one replica's load counts at once (``LoadTracker.peer_booked``): a feed that names
+more router ids than that is refused beyond them, so it cannot grow a replica's record without bound."""
 
 
 def new_router_id() -> str:
@@ -120,9 +123,12 @@ class LoadTracker:
         bookings = load.bookings
         if bookings is None:
             bookings = load.bookings = Bookings()
-        bookings.acknowledge(update.accepted.get(self.router_id, 0), now, BOOKING_MAX_AGE_S)
-        load.other_routers = len(update.accepted) - (self.router_id in update.accepted)
-        self._set_unacked(load, bookings)
+        accepted = update.accepted
+        bookings.acknowledge(accepted.get(self.router_id, 0), now, BOOKING_MAX_AGE_S)
+        for peer, peer_bookings in load.peer_bookings.items():
+            peer_bookings.acknowledge(accepted.get(peer, 0), now, BOOKING_MAX_AGE_S)
+        load.other_routers = len(accepted) - (self.router_id in accepted)
+        self._set_unacked(load)
         if update.churn_tau_s == self.churn_tau_s:  # the fleet's rates, which this router sees only its share of
             scale = self._churn_scale(now)
             load.recent_prefill = update.recent_prefill * scale
@@ -146,7 +152,34 @@ class LoadTracker:
                 self.stop_published(replica)
             else:
                 bookings.expire(now, BOOKING_MAX_AGE_S)
-                self._set_unacked(load, bookings)
+                peers = load.peer_bookings
+                for peer, peer_bookings in list(peers.items()):
+                    peer_bookings.expire(now, BOOKING_MAX_AGE_S)
+                    if not peer_bookings.unacked_requests:
+                        del peers[peer]  # a router that stopped choosing here (or restarted under a new id)
+                self._set_unacked(load)
+
+    def peer_booked(self, replica: Replica, router_id: str, number: int, tokens: int,
+                    now: float | None = None) -> bool:
+        """Another router (``router_id``) sent a request of ``tokens`` uncached prompt tokens to ``replica`` as its
+        booking ``number`` (router/control/router_sync.py): count it here until the replica's published load
+        acknowledges it or it is ``BOOKING_MAX_AGE_S`` old. False (nothing counted): the replica publishes no load
+        (its ``/load`` polls count every router's requests), the id is this router's own, the booking is counted
+        already, or ``MAX_PEER_ROUTERS`` other ids have bookings here."""
+        load = replica.load
+        if replica.removed or load.bookings is None or router_id == self.router_id:
+            return False
+        peers = load.peer_bookings
+        peer_bookings = peers.get(router_id)
+        if peer_bookings is None:
+            if len(peers) >= MAX_PEER_ROUTERS:
+                return False
+            peer_bookings = peers[router_id] = PeerBookings()
+            peer_bookings.acked = load.published_accepted.get(router_id, 0)
+        if not peer_bookings.record(number, tokens, time.monotonic() if now is None else now):
+            return False
+        self._set_unacked(load)
+        return True
 
     def stop_published(self, replica: Replica) -> None:
         """``replica``'s published load stopped (its stream was lost): its ``/load`` polls count again."""
@@ -155,14 +188,21 @@ class LoadTracker:
         if bookings is not None:
             load.bookings, load.published_seq = None, None
             bookings.forget()
-            self._set_unacked(load, bookings)
+            load.peer_bookings.clear()
+            self._set_unacked(load)
 
     @staticmethod
-    def _set_unacked(load: ReplicaLoad, bookings: Bookings) -> None:
-        if load.unacked_requests != bookings.unacked_requests:
-            load.unacked_requests = bookings.unacked_requests
-        if load.unacked_prefill_tokens != bookings.unacked_tokens:
-            load.unacked_prefill_tokens = bookings.unacked_tokens
+    def _set_unacked(load: ReplicaLoad) -> None:
+        """``unacked_*`` from this router's bookings and the other routers' it was told of."""
+        own = load.bookings
+        requests, tokens = (own.unacked_requests, own.unacked_tokens) if own is not None else (0, 0)
+        for peer_bookings in load.peer_bookings.values():
+            requests += peer_bookings.unacked_requests
+            tokens += peer_bookings.unacked_tokens
+        if load.unacked_requests != requests:
+            load.unacked_requests = requests
+        if load.unacked_prefill_tokens != tokens:
+            load.unacked_prefill_tokens = tokens
 
     def _removed(self, replica: Replica) -> None:
         self._slotted = None
@@ -188,7 +228,7 @@ class LoadTracker:
             bookings = load.bookings
             if bookings is not None:
                 number = bookings.book(uncached_tokens, now)
-                self._set_unacked(load, bookings)
+                self._set_unacked(load)
             scale = self._churn_scale(now)  # may rebase recent_prefill
             load.recent_prefill += uncached_tokens * scale
             load.recent_prompt += max(prompt_tokens, uncached_tokens) * scale

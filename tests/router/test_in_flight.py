@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from unittest.mock import MagicMock
 
 import pytest
+from kvmesh.events.publish.load_ledger import LoadLedger
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.proxy import Forwarder
@@ -26,10 +27,12 @@ def _tracker() -> LoadTracker:
     return loads
 
 
-def _flight(loads: LoadTracker) -> InFlight:
-    """An attempt on replica a of the router owning ``loads``."""
-    decision = SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=48, pull=None, sequences=1)
-    return InFlight(SimpleNamespace(loads=loads, forget_pull=lambda d: None), decision, len(PROMPT))
+def _flight(loads: LoadTracker, choices_out=None) -> InFlight:
+    """An attempt on replica a of the router owning ``loads`` (``choices_out``: its sync stream's hook)."""
+    decision = SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=48, pull=None, sequences=1,
+                               keys=[11, 12, 13])
+    router = SimpleNamespace(loads=loads, forget_pull=lambda d: None, choices_out=choices_out)
+    return InFlight(router, decision, len(PROMPT))
 
 
 def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
@@ -42,6 +45,17 @@ def test_an_attempt_left_without_an_answer_is_finished():
     with _flight(loads):
         assert _counts(loads) == (1, 48)
     assert _counts(loads) == (0, 0)
+
+
+def test_a_router_that_syncs_tells_the_others_of_the_attempt_with_its_booking_and_keys():
+    loads = _tracker()
+    loads.apply_published(loads.replicas.get("a"), LoadLedger().update(0.0, 0.0, 0, 0, 0, 0.0))  # it books there
+    told: list[tuple] = []
+    with _flight(loads, lambda *choice: told.append(choice)):
+        pass
+    with _flight(loads, lambda *choice: told.append(choice)):
+        pass
+    assert told == [("a", 1, 48, [11, 12, 13]), ("a", 2, 48, [11, 12, 13])]
 
 
 def test_an_answered_attempt_is_handed_to_its_answer():

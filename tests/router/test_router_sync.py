@@ -1,0 +1,194 @@
+"""The sync stream between routers (router/control/router_sync.py, router/control/sync_wire.py) over real ZeroMQ
+sockets: a router's choice counts on the other router's load and index at once, and what a hostile peer sends is
+refused, bounded and counted while the router's loop keeps its pace."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+import zmq
+from kvmesh.events.config import SubscriberConfig
+from kvmesh.events.publish.load_ledger import LoadLedger
+from kvmesh.router.config import RouterConfig, SyncConfig, build_router
+from kvmesh.router.control.router_sync import TOPIC, RouterSync
+from kvmesh.router.control.sync_wire import (
+    MAX_CHOICES_PER_FRAME,
+    RouterChoice,
+    RouterChoices,
+    check,
+    decode_choices,
+    encode_choices,
+    key_check,
+    key_seed,
+)
+
+INTERNAL_KEY = "internal-key-of-the-test-cluster"
+MAX_KEYS = 64
+
+
+def _router(seed: int):
+    router = build_router(RouterConfig(), seed=seed)
+    for rid in ("r0", "r1"):
+        router.add_replica(rid)
+        update = LoadLedger().update(0.0, 0.0, 0, 0, 0, 0.0)  # it publishes its load: bookings are counted
+        router.loads.apply_published(router.replicas.get(rid), update)
+    return router
+
+
+def _keys(router, n: int = 8) -> list[int]:
+    return router.hasher.keys(list(range(16 * n)))
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < end, "not within the timeout"
+        await asyncio.sleep(0.01)
+
+
+def test_a_message_round_trips_and_intake_refuses_what_no_router_sends():
+    message = RouterChoices("router-a", 1, 7, [RouterChoice("r0", 3, 300, [1, 2, 3])])
+    assert decode_choices(encode_choices(message)) == message
+    check(message, MAX_KEYS)
+    bad = [RouterChoices("", 1, 7, []),
+           RouterChoices("a", 1, 7, [RouterChoice("r0", 1, 1, [])] * (MAX_CHOICES_PER_FRAME + 1)),
+           RouterChoices("a", 1, 7, [RouterChoice("", 1, 1, [])]),
+           RouterChoices("a", 1, 7, [RouterChoice("r0", -1, 1, [])]),
+           RouterChoices("a", 1, 7, [RouterChoice("r0", 1, -5, [])]),
+           RouterChoices("a", 1, 7, [RouterChoice("r0", 1, 1 << 40, [])]),
+           RouterChoices("a", 1, 7, [RouterChoice("r0", 1, 1, list(range(MAX_KEYS + 1)))]),
+           RouterChoices("a", 1, 7, [RouterChoice("r0", 1, 1, [-1])])]
+    for message in bad:
+        with pytest.raises(ValueError):
+            check(message, MAX_KEYS)
+    with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+        decode_choices(b"\x93\xa1a\x01\xa3not a list")
+
+
+def test_the_key_seed_comes_from_the_internal_key_and_its_check_tells_seeds_apart():
+    assert key_seed(INTERNAL_KEY) == key_seed(INTERNAL_KEY) != key_seed(INTERNAL_KEY + "x")
+    assert key_check(key_seed(INTERNAL_KEY)) != key_check(key_seed(INTERNAL_KEY + "x"))
+
+
+def test_a_sync_config_needs_the_internal_key_and_zeromq_endpoints():
+    with pytest.raises(ValueError, match="internal_key"):
+        RouterConfig(sync=SyncConfig(bind="tcp://127.0.0.1:0"))
+    with pytest.raises(ValueError, match="ZeroMQ"):
+        SyncConfig(peers=("http://127.0.0.1:8000",))
+    RouterConfig(internal_key=INTERNAL_KEY, sync=SyncConfig(bind="tcp://127.0.0.1:0"))
+
+
+async def _pair(seed_b: int | None = None):
+    seed = key_seed(INTERNAL_KEY)
+    a, b = _router(seed), _router(seed if seed_b is None else seed_b)
+    loop = asyncio.get_running_loop()
+    sync_a = RouterSync(a, SyncConfig(bind="tcp://127.0.0.1:0"), SubscriberConfig(), MAX_KEYS, loop).start()
+    sync_b = RouterSync(b, SyncConfig(peers=(sync_a.endpoint,)), SubscriberConfig(), MAX_KEYS, loop).start()
+    return a, b, sync_a, sync_b
+
+
+async def _told(a, b, replica_id: str, keys: list[int], tokens: int) -> None:
+    """``a`` sends a request (as InFlight does); wait until ``b`` counts it (a SUB joins a moment after it connects:
+    the first sends may go nowhere, so the choice is sent again with a new booking until one arrives)."""
+    end = time.monotonic() + 5.0
+    while b.loads.loads[replica_id].unacked_requests == 0:
+        assert time.monotonic() < end, "the other router never counted the choice"
+        number = a.loads.on_dispatch(a.replicas.get(replica_id), tokens)
+        a.choices_out(replica_id, number, tokens, keys)
+        await asyncio.sleep(0.05)
+
+
+async def test_a_choice_counts_on_the_other_routers_load_and_index_at_once():
+    a, b, sync_a, sync_b = await _pair()
+    try:
+        keys = _keys(a)
+        assert b.index.match(keys).get("r1", 0) == 0
+        await _told(a, b, "r1", keys, 300)
+        load = b.loads.loads["r1"]
+        assert load.prefill_backlog == load.unacked_prefill_tokens == 300 * load.unacked_requests
+        assert b.index.match(keys)["r1"] == len(keys)  # the blocks it will hold, before any event says so
+        assert b.loads.loads["r0"].unacked_requests == 0 and b.index.match(keys).get("r0", 0) == 0
+        assert sync_b.counters()["applied"] >= 1 and sync_a.counters()["published"] >= 1
+    finally:
+        sync_b.close()
+        sync_a.close()
+
+
+async def test_a_router_of_another_key_seed_counts_the_bookings_but_not_the_keys():
+    a, b, sync_a, sync_b = await _pair(seed_b=key_seed("another cluster's internal key"))
+    try:
+        keys = _keys(a)
+        await _told(a, b, "r0", keys, 100)
+        assert b.index.match(keys).get("r0", 0) == 0
+        assert sum(p["foreign_keys"] for p in sync_b.counters()["peers"].values()) >= 1
+    finally:
+        sync_b.close()
+        sync_a.close()
+
+
+async def test_a_hostile_peer_is_refused_and_bounded_while_the_loop_keeps_its_pace():
+    seed = key_seed(INTERNAL_KEY)
+    b = _router(seed)
+    loop = asyncio.get_running_loop()
+    ctx = zmq.Context.instance()
+    liar = ctx.socket(zmq.PUB)
+    port = liar.bind_to_random_port("tcp://127.0.0.1")
+    config = SyncConfig(peers=(f"tcp://127.0.0.1:{port}",), choices_per_s=2000.0, choice_burst=200)
+    sync = RouterSync(b, config, SubscriberConfig(), MAX_KEYS, loop).start()
+    check_b = key_check(seed)
+
+    def send(message: RouterChoices | bytes) -> None:
+        liar.send_multipart((TOPIC, message if isinstance(message, bytes) else encode_choices(message)))
+
+    try:
+        await _until(lambda: sync.counters()["peers"])
+        await asyncio.sleep(0.3)  # the SUB joins
+        send(b"\xc1 not msgpack")
+        send(RouterChoices("liar", 1, check_b, [RouterChoice("r0", 1, 1 << 40, [])]))  # refused: out of range
+        send(RouterChoices("liar", 2, check_b, [RouterChoice("r0", 1, 5, list(range(MAX_KEYS + 1)))]))  # refused
+        send(RouterChoices(b.loads.router_id, 3, check_b, [RouterChoice("r0", 9, 5000, [])]))  # b's own id
+        send(RouterChoices("liar", 4, check_b, [RouterChoice("no-such-replica", 1, 5, [])]))
+        liar.send_multipart((b"other topic", b"x"))  # filtered out by the SUB: never read
+        liar.send_multipart((TOPIC, b"a", b"b"))  # three frames
+        await _until(lambda: _peer(sync)["refused"] >= 2 and _peer(sync)["bad_frames"] >= 2
+                     and sync.counters()["unknown_replica"] >= 1)
+        load = b.loads.loads["r0"]
+        assert (load.unacked_requests, load.prefill_backlog) == (0, 0)  # nothing of the lies counted
+
+        # a flood: 20,000 choices as fast as the socket takes them; the loop is timed meanwhile
+        lags: list[float] = []
+
+        async def ticker() -> None:
+            for _ in range(100):
+                t = time.monotonic()
+                await asyncio.sleep(0.01)
+                lags.append(time.monotonic() - t - 0.01)
+
+        tick = asyncio.create_task(ticker())
+        keys = _keys(b)
+        t0 = time.monotonic()
+        for n in range(20_000):
+            try:
+                liar.send_multipart((TOPIC, encode_choices(RouterChoices(
+                    "liar", 10 + n, check_b, [RouterChoice("r1", 10 + n, 10, keys)]))), zmq.NOBLOCK)
+            except zmq.Again:
+                await asyncio.sleep(0)
+        await tick
+        elapsed = time.monotonic() - t0
+        taken = _peer(sync)["choices"]
+        print(f"flood: {taken} choices taken in {elapsed:.2f} s, loop lag max {max(lags):.4f} s")
+        assert taken <= 200 + 2000 * (elapsed + 0.5)  # within the budget (burst + rate), whatever was sent
+        assert max(lags) < 0.5, f"the loop stalled {max(lags):.3f} s under the flood"
+        load = b.loads.loads["r1"]
+        assert load.unacked_prefill_tokens <= 10 * taken  # only what passed, 10 tokens each
+    finally:
+        sync.close()
+        liar.close(linger=0)
+
+
+def _peer(sync: RouterSync) -> dict[str, int]:
+    (counters,) = sync.counters()["peers"].values()
+    return counters
