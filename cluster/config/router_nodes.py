@@ -23,6 +23,10 @@ class RouterNodesConfig:
     """Ray CPUs each placed router reserves on its node."""
     router_restarts: int = -1
     """How often Ray restarts a placed router that died, on the same node (-1 = forever)."""
+    sync: bool = True
+    """Placed routers tell each other every request they send (router.sync, router/control/router_sync.py: each binds
+    an ephemeral port on its node and finds the others' through the replica set's board), so inside a burst none
+    decides blind of the others; False: each sees the others' requests only once the replicas publish them."""
     router_ready_timeout_s: float = 60.0
     """How long serve waits for the replica set's board and every placed router to start (saying every 10 s which
     are still starting) and for each router to route to every replica."""

@@ -39,8 +39,8 @@ class BoardFollower:
     """A placed router's link to the board: reads the replica set every ``FOLLOW_INTERVAL_S`` and makes its own
     equal (a companion of its ``RouterServer``)."""
 
-    def __init__(self, server: RouterServer, board) -> None:
-        self.runtime, self.board = server.runtime, board
+    def __init__(self, server: RouterServer, board, name: str) -> None:
+        self.runtime, self.board, self.name = server.runtime, board, name
         self.healthy_seen = 0
         """Replicas this router routes to, as of the last read."""
         self._task: asyncio.Task | None = None
@@ -61,8 +61,12 @@ class BoardFollower:
             await self.follow_once()
 
     async def follow_once(self) -> None:
+        sync = self.runtime.sync
         try:
             raw = await asyncio.wrap_future(self.board.read.remote().future())
+            if sync is not None:  # say where this router publishes its choices, and follow the others'
+                sync.set_peers(await asyncio.wrap_future(self.board.sync_peers.remote(self.name, sync.endpoint)
+                                                         .future()))
         except Exception as e:  # noqa: BLE001 - the board is restarting: keep the set, read again next turn
             if not self._failing:
                 logger.warning("placed router cannot read the replica set board (%s); keeping its set",
@@ -83,17 +87,23 @@ async def refuse_owner_request(request: HttpRequest) -> Response:
 class NodeRouter:
     """The Ray actor (cluster/launch/node_routers.py places it): the router serving on this node."""
 
-    def __init__(self, config: RouterConfig, name: str, board_name: str, namespace: str) -> None:
+    def __init__(self, config: RouterConfig, name: str, board_name: str, namespace: str, sync: bool = False) -> None:
+        """``sync``: publish this router's choices on an ephemeral port of its node and follow the other placed
+        routers' (router.sync; their endpoints meet on the board)."""
         import ray
         from kvmesh.replica.openai.malloc_arenas import cap_malloc_arenas
         from kvmesh.router.control.router_server import RouterServer
 
         cap_malloc_arenas()  # a worker on another node did not inherit serve's cap
-        host = ray.util.get_node_ip_address() if config.host == "auto" else config.host
+        node_ip = ray.util.get_node_ip_address()
+        host = node_ip if config.host == "auto" else config.host
+        if sync:  # a wildcard router.host still publishes on the node's own address: the others connect to it
+            sync_host = node_ip if host in ("auto", "0.0.0.0", "::") else host
+            config = replace(config, sync=replace(config.sync, bind=f"tcp://{_zmq_host(sync_host)}:0"))
         self.name = name
         self.server = RouterServer(replace(config, host=host, workers=1),
                                    extra_headers=[(ROUTER_HEADER, name.encode())])
-        self.follower = BoardFollower(self.server, ray.get_actor(board_name, namespace=namespace))
+        self.follower = BoardFollower(self.server, ray.get_actor(board_name, namespace=namespace), name)
         self.server.companions.append(self.follower)
         self.server.door.add_rule(answered_by_owner, refuse_owner_request)
         self.server.start(timeout=120.0)
@@ -114,5 +124,15 @@ class NodeRouter:
         """Replicas this router routes to."""
         return self.follower.healthy_seen
 
+    def sync_counters(self) -> dict | None:
+        """Its sync stream's counters (``RouterSync.counters``; None: sync off)."""
+        sync = self.server.runtime.sync
+        return None if sync is None else sync.counters()
+
     def stop(self) -> None:
         self.server.stop()
+
+
+def _zmq_host(host: str) -> str:
+    """``host`` as a ZeroMQ tcp endpoint writes it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host

@@ -41,6 +41,7 @@ class ReplicaSetBoard:
 
     def __init__(self) -> None:
         self._rows: bytes | None = None
+        self._sync: dict[str, str] = {}
 
     def publish(self, rows: bytes) -> None:
         self._rows = rows
@@ -48,6 +49,16 @@ class ReplicaSetBoard:
     def read(self) -> bytes | None:
         """The set's rows as ``ReplicaList`` JSON; None until the owner published (also just after a restart)."""
         return self._rows
+
+    def sync_peers(self, name: str, endpoint: str | None) -> list[str]:
+        """Router ``name`` publishes its choices at ``endpoint`` (router/control/router_sync.py; None: it publishes
+        none): the other routers' endpoints, as they last said (a restarted board learns them again at their next
+        read)."""
+        if endpoint is None:
+            self._sync.pop(name, None)
+        else:
+            self._sync[name] = endpoint
+        return sorted(e for n, e in self._sync.items() if n != name)
 
 
 def start_board(namespace: str):

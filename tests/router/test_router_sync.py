@@ -24,6 +24,7 @@ from kvmesh.router.control.sync_wire import (
     key_check,
     key_seed,
 )
+from kvmesh.router.http.metrics import _sync_family
 
 INTERNAL_KEY = "internal-key-of-the-test-cluster"
 MAX_KEYS = 64
@@ -112,6 +113,8 @@ async def test_a_choice_counts_on_the_other_routers_load_and_index_at_once():
         assert b.index.match(keys)["r1"] == len(keys)  # the blocks it will hold, before any event says so
         assert b.loads.loads["r0"].unacked_requests == 0 and b.index.match(keys).get("r0", 0) == 0
         assert sync_b.counters()["applied"] >= 1 and sync_a.counters()["published"] >= 1
+        samples = {(m.labels["peer"], m.labels["counter"]): m.value for m in _sync_family(sync_b.counters()).samples}
+        assert samples[("", "applied")] >= 1 and samples[(sync_a.endpoint, "choices")] >= 1  # on /metrics
     finally:
         sync_b.close()
         sync_a.close()

@@ -37,8 +37,12 @@ blocks:
 PostgreSQL database (one replica, a router on each of two nodes), for the Responses conversation alone: turns 1
 and 2, router 1 killed, turn 3 once it is back, every router asked.
 
-Written to ``--out``: hit rates, failures per router, the fail-fast times, the rejoin time, the settle time and the
-conversation's turns (router, node, status, cached tokens) and stored responses found. Every wait is bounded.
+The placed routers sync their choices (``routers.sync``, router/control/router_sync.py): each router's stream
+counters are read before the kill and at the end (the restarted router's anew, following the others again).
+
+Written to ``--out``: hit rates, failures per router, the fail-fast times, the rejoin time, the settle time, the
+conversation's turns (router, node, status, cached tokens), stored responses found and the sync counters. Every
+wait is bounded.
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
     results["sessions"] = {"conversations": len(talks), "next_turn_index_knew": next_turn["index_knew"],
                            "next_turn_found_its_replica": next_turn["found"], "next_turn_missed": next_turn["missed"]}
     results["owner_request_status"] = await views.owner_request_status()
+    results["sync_before_kill"] = views.sync_counters()  # each router's choices sent to and taken from the others
     await _first_turns(views, talk)
     killed_at: list[float] = []
     spread = [Request(p, MAX_TOKENS, r) for p, r in prompts]
@@ -143,6 +148,7 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
                             "after_restart_missed": after_restart["missed"]}
     await talk.say(views.urls()[KILLED], KILLED)
     results["responses"] = await talk.check(views.urls())
+    results["sync_after_restart"] = views.sync_counters()  # the restarted router's stream, from its restart on
     for name in ("spread", "kill"):  # hit rate points against one router on the same replicas and trace
         results[name]["gap_points"] = round(100 * (results[name]["hit_rate"] - results["one"]["hit_rate"]), 2)
     return results

@@ -117,6 +117,12 @@ class SimConfig:
     published when it ends (a request accepted is published at once)."""
     load_publish_lag_s: float = 0.001
     """Seconds from a replica's step end to its published load reaching the routers (send, network, apply)."""
+    router_sync: bool = False
+    """With several routers and ``published_loads``: each router tells the others of every request it sends, as
+    ``router.sync`` does (router/control/router_sync.py): ``sync_lag_s`` later they count its booking on that replica
+    until the replica's published load acknowledges it, and predict its blocks there."""
+    sync_lag_s: float = 0.001
+    """Seconds from a router's choice to the others applying it (publish, network, their loop's turn)."""
     share_sessions: bool = False
     """With several routers: a session pin made by one router is made in all (one shared session
     table); without it each router pins only the turns it routed, and its pins go stale."""
@@ -165,6 +171,11 @@ class SimConfig:
             raise ValueError("set kv_cache_memory_per_replica or blocks_per_replica, not both")
         if self.kv_bytes_per_token < 1:
             raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
+        if self.router_sync and not self.published_loads:
+            raise ValueError("router_sync counts another router's booking until the replica's published load "
+                             "acknowledges it: it needs published_loads")
+        if not self.sync_lag_s >= 0:
+            raise ValueError(f"sync_lag_s must be >= 0 seconds, got {self.sync_lag_s}")
         if self.share_loads and self.published_loads:
             raise ValueError("share_loads and published_loads together count another router's request twice (once "
                              "shared, once as the replica publishes it, the phantom booking never acknowledged): "

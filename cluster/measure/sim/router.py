@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -105,6 +106,9 @@ class SimRouter:
         """Requests long enough to split that stayed whole: no prefill replica had room."""
         self.splits_skipped_slower = 0
         """Requests long enough to split that stayed whole: the split was priced slower than the slack allows."""
+        self.synced: deque[tuple[float, int, str, int, int, list[int], str]] = deque()
+        """``router_sync``: choices on their way to the other routers (when they land, the router that chose, its
+        replica, booking number, uncached tokens, keys, its router id), in the order they land."""
         self.decisions: dict[str, RouteDecision] = {}
         """Routed requests without a first token yet -> their decision (its predicted TTFT, learned from)."""
 
@@ -117,6 +121,8 @@ class SimRouter:
 
     def route(self, req: SimRequest) -> str:
         now = req.routed_s if req.routed_s >= 0 else req.arrival_s  # later than its arrival: it waited in admission
+        if self.synced:
+            self._land_synced(now)
         k = req.router_index = self._pick_router()
         router = self.routers[k]
         session = req.session_id if self.config.use_sessions else None
@@ -135,6 +141,9 @@ class SimRouter:
         if pid is not None:
             self._split(req, k, decision.keys, pid)
         self._dispatch(k, rid, req, now)
+        if self.config.router_sync and req.booking is not None:
+            self.synced.append((now + self.config.sync_lag_s, k, rid, req.booking[1], self._uncached(req),
+                                decision.keys, req.booking[0]))
         self.decisions[req.request_id] = decision
         if session is not None and self.config.share_sessions:
             for other in self.routers:
@@ -150,6 +159,16 @@ class SimRouter:
         elif skipped == SPLIT_SLOWER:
             self.splits_skipped_slower += 1
         return rid
+
+    def _land_synced(self, now: float) -> None:
+        """The other routers take the choices that reached them by ``now`` (``router_sync``)."""
+        synced = self.synced
+        while synced and synced[0][0] <= now:
+            at, k, rid, number, uncached, keys, router_id = synced.popleft()
+            for j, other in enumerate(self.routers):
+                if j != k and (replica := other.replicas.get(rid)) is not None:
+                    other.loads.peer_booked(replica, router_id, number, uncached, at)
+                    other.index.predict(rid, keys, now=at)
 
     def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> str | None:
         """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""

@@ -37,6 +37,12 @@ class RouterViews:
 
         return ray.get(self.serve.router(index).pid.remote(), timeout=30)
 
+    def sync_counters(self) -> list[dict | None]:
+        """Each placed router's sync stream counters, in order (``NodeRouter.sync_counters``; None: sync off)."""
+        import ray
+
+        return ray.get([self.serve.router(i).sync_counters.remote() for i in range(len(self.urls()))], timeout=30)
+
     async def wait_rejoined(self, index: int, killed_at: list[float], model: str) -> float | None:
         """Seconds from the kill until router ``index`` (restarted by Ray) answers a completion; None: not in time."""
         while not killed_at:
