@@ -177,3 +177,34 @@ def test_a_replica_publishes_a_request_it_accepted_at_once_and_a_steps_change_on
 def test_shared_and_published_loads_together_are_refused_as_they_would_count_twice():
     with pytest.raises(ValueError, match="count another router's request twice"):
         replace(CFG, num_routers=2, share_loads=True, published_loads=True)
+
+
+def test_synced_routers_count_each_others_bookings_and_blocks_once_the_lag_passed():
+    """``router_sync`` (router/control/router_sync.py's stream): ``sync_lag_s`` after a router's choice the others
+    count its booking on that replica (until the replica's published load acknowledges it) and predict its blocks
+    there; inside the lag they decide blind of it."""
+    from kvmesh.events.publish.load_ledger import LoadLedger
+
+    config = replace(CFG, num_routers=2, published_loads=True, router_sync=True, sync_lag_s=0.001)
+    sim = SimRouter("cache_aware", config, [_Rep(i) for i in range(4)])
+    for rep in range(4):  # every replica has published its (empty) load: bookings are counted
+        sim.apply_load(str(rep), LoadLedger().update(0.0, 0.0, 0, 0, 0, 0.0), 0.0)
+    reqs = requests_from_mooncake(_trace(3), 1.0, 32, trace_block_tokens=32)
+    tokens = BlockTokenCache(32, 256)
+    for req, at in zip(reqs, (0.0, 0.0005, 0.002), strict=True):
+        req.all_token_ids = tokens.prompt(req.hash_ids, req.num_prompt_tokens)
+        req.arrival_s = at
+    rid = sim.route(reqs[0])  # router 0
+    keys = sim.routers[0].hasher.keys(reqs[0].all_token_ids)
+    other = sim.routers[1]
+    sim.route(reqs[1])  # router 1, inside the lag: blind of router 0's choice
+    assert other.loads.loads[rid].peer_bookings == {} and other.index.match(keys, now=0.0005).get(rid, 0) == 0
+    sim.route(reqs[2])  # router 0 again, after the lag: router 1 has taken the first choice
+    load = other.loads.loads[rid]
+    assert load.peer_bookings[reqs[0].booking[0]].unacked_tokens == reqs[0].num_prompt_tokens
+    assert other.index.match(keys, now=0.002)[rid] == len(keys)
+
+
+def test_synced_routers_need_the_published_load_that_acknowledges_their_bookings():
+    with pytest.raises(ValueError, match="published_loads"):
+        replace(CFG, num_routers=2, router_sync=True)
