@@ -114,9 +114,10 @@ class SyncConfig:
     peers: tuple[str, ...] = ()
     """The other routers' sync endpoints, each followed: their requests count on the replicas' loads here and their
     prompts' blocks as held where they went, until the replicas' published loads and events say so themselves."""
-    choices_per_s: float = 20000.0
-    """Choices taken from one peer per second at most (a flood beyond it waits, then is dropped)."""
-    choice_burst: int = 2000
+    choices_per_s: float = 5000.0
+    """Choices taken from one peer per second at most, every 64 block keys counting as one more (a flood beyond it
+    waits, then is dropped): about what a busy router sends, and half a second of this router's loop at most."""
+    choice_burst: int = 1000
     """Choices one peer may send at once above that rate."""
 
     @property

@@ -59,8 +59,9 @@ TOPIC = b"kvmesh-choices"
 MAX_PENDING = 1 << 16
 """Choices waiting for the loop at most; beyond, new ones are dropped and counted (a loop that far behind gains
 nothing from choices older than its turn)."""
-KEYS_PER_CHOICE = 256
-"""Block keys that cost a peer's budget as much as one choice (a 4k-token prompt of 16-token blocks: one more)."""
+KEYS_PER_CHOICE = 64
+"""Block keys that cost a peer's budget as much as one choice (a 1k-token prompt of 16-token blocks: one more), so
+a peer's keys cost this router at most ``choices_per_s`` x this a second."""
 _FRAMES_PER_TURN = 256
 _POLL_MS = 100
 _NOBLOCK = int(zmq.NOBLOCK)

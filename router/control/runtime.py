@@ -38,7 +38,7 @@ from kvmesh.router.control.quota_sync import QuotaSync, fleet_quota
 from kvmesh.router.control.replica_calls import ReplicaCalls
 from kvmesh.router.control.router_sync import RouterSync
 from kvmesh.router.control.stream_watch import StreamWatch
-from kvmesh.router.control.sync_wire import MAX_TOKENS, key_seed
+from kvmesh.router.control.sync_wire import SYNC_CONTEXT_TOKENS, key_seed
 from kvmesh.router.http.admission_gate import AdmissionGate
 from kvmesh.router.http.data_plane import DataPlane
 from kvmesh.router.http.fleet_metrics import FleetMetrics
@@ -159,7 +159,8 @@ class RouterRuntime:
         for spec in self._initial:
             self.add_replica(spec)
         if self.config.sync.enabled:
-            max_len = self.config.max_model_len or MAX_TOKENS
+            known = self.tokenizer.max_model_len if self.tokenizer is not None else None
+            max_len = self.config.max_model_len or known or SYNC_CONTEXT_TOKENS
             self.sync = RouterSync(self.router, self.config.sync, self.config.events,
                                    max_len // self.router.block_size + 1, self._loop).start()
         await self.probes.probe_all()

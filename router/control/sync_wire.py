@@ -23,8 +23,8 @@ import hmac
 
 import msgspec
 
-__all__ = ["MAX_CHOICES_PER_FRAME", "MAX_SYNC_FRAME_BYTES", "RouterChoice", "RouterChoices", "check",
-           "decode_choices", "encode_choices", "key_check", "key_seed"]
+__all__ = ["MAX_CHOICES_PER_FRAME", "MAX_SYNC_FRAME_BYTES", "SYNC_CONTEXT_TOKENS", "RouterChoice", "RouterChoices",
+           "check", "decode_choices", "encode_choices", "key_check", "key_seed"]
 
 MAX_CHOICES_PER_FRAME = 64
 """Choices one frame may carry (a router sends each at once, or the few of one turn of its loop)."""
@@ -34,6 +34,9 @@ MAX_ID_CHARS = 256
 """Longest router or replica id taken."""
 MAX_TOKENS = 1 << 24
 """Most uncached prompt tokens one booking may count (no model takes a prompt this long)."""
+SYNC_CONTEXT_TOKENS = 1 << 17
+"""The longest prompt whose keys a router takes from another when it knows no context length of its own (no
+``max_model_len``, no tokenizer): a longer key list is refused."""
 _MAX_KEY = (1 << 64) - 1
 _MAX_BOOKING = (1 << 53) - 1
 

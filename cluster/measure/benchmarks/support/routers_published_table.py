@@ -1,6 +1,7 @@
 """The table of N routers that share no memory, each seeing the load the replicas publish (``kvmesh sim --routers
-1,4,16 --published-loads``), or each seeing every other's choices at once (``--share-loads --share-predictions``: an
-ideal feed between the routers), against one router, over arrival seeds: one results file per seed.
+1,4,16 --published-loads``), with the other routers' choices told them a moment later (``--router-sync``), or each
+seeing every other's choices at once (``--share-loads --share-predictions``: an ideal feed between the routers),
+against one router, over arrival seeds: one results file per seed.
 
 A row per router count: the hit rate as a share of the single pool's and the mean TTFT (means over the seeds), and
 each seed's difference from one router on the same arrivals, with its 95% interval over the seeds
@@ -40,9 +41,12 @@ def _view(config: dict) -> str:
     """What each router sees of the others' requests on a replica."""
     if config.get("published_loads"):
         every, lag = config["load_publish_interval_s"], config["load_publish_lag_s"]
+        told = 1e3 * config.get("sync_lag_s", 0.0)
+        synced = (f", and the other routers' requests and the blocks they predicted there, told {told:g} ms after each "
+                  f"was sent (router sync)") if config.get("router_sync") else ""
         return (f"Each router's view of a replica: a request it accepted published at once and a step's change within "
                 f"{every * 1e3:.0f} ms, read {lag * 1e3:.0f} ms later, plus its own requests the replica had not "
-                f"counted then.")
+                f"counted then{synced}.")
     predictions = " and the blocks each predicted there" if config.get("share_predictions") else ""
     return (f"Each router's view of a replica: every router's requests sent there that have not finished{predictions}, "
             f"as each router chooses (a feed between the routers with no lag; the replicas publish nothing).")
