@@ -100,7 +100,7 @@ class RouterSync:
         self.key_check = key_check(router.hasher.seed)
         """Names this router's key seed in its messages (sync_wire.py)."""
         self._keypair = (events.curve_public_key, events.curve_secret_key) if events.curve_public_key else None
-        self._ctx: zmq.Context = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context()  # its own: the CURVE allow-list (a ZAP handler) is per context
         self._auth = None
         self._pub: zmq.Socket | None = None
         self._pub_lock = threading.Lock()
@@ -189,6 +189,7 @@ class RouterSync:
                 self._pub = None
         if self._auth is not None:
             self._auth.stop()
+        self._ctx.destroy(linger=0)
 
     def _run(self) -> None:
         poller = zmq.Poller()

@@ -120,6 +120,29 @@ async def test_a_choice_counts_on_the_other_routers_load_and_index_at_once():
         sync_a.close()
 
 
+async def test_with_the_events_curve_keys_the_stream_is_the_keypairs_alone():
+    from kvmesh.events.curve import generate_keypair
+
+    public, secret = generate_keypair()
+    events = SubscriberConfig(curve_public_key=public, curve_secret_key=secret)
+    seed = key_seed(INTERNAL_KEY)
+    a, b = _router(seed), _router(seed)
+    loop = asyncio.get_running_loop()
+    sync_a = RouterSync(a, SyncConfig(bind="tcp://127.0.0.1:0"), events, MAX_KEYS, loop).start()
+    sync_b = RouterSync(b, SyncConfig(peers=(sync_a.endpoint,)), events, MAX_KEYS, loop).start()
+    stranger = zmq.Context.instance().socket(zmq.SUB)  # no keys: completes no handshake
+    stranger.setsockopt(zmq.SUBSCRIBE, b"")
+    stranger.connect(sync_a.endpoint)
+    try:
+        await _told(a, b, "r0", _keys(a), 100)  # the keypair's router takes the choices
+        await asyncio.sleep(0.2)
+        assert stranger.poll(0) == 0, "a subscriber without the keypair read the stream"
+    finally:
+        stranger.close(linger=0)
+        sync_b.close()
+        sync_a.close()
+
+
 async def test_a_router_of_another_key_seed_counts_the_bookings_but_not_the_keys():
     a, b, sync_a, sync_b = await _pair(seed_b=key_seed("another cluster's internal key"))
     try:
