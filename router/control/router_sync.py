@@ -247,15 +247,17 @@ class RouterSync:
             self._hand_over(taken)
 
     def _read(self, peer: _Peer, taken: list) -> None:
-        """Read what ``peer`` sent (``_FRAMES_PER_TURN`` frames at most) into ``taken``: every frame costs its budget
-        one choice, and every ``KEYS_PER_CHOICE`` block keys one more (the loop's work is in the keys)."""
-        read, cost = 0, 0.0
-        while read < _FRAMES_PER_TURN:
+        """Read what ``peer`` sent (``_FRAMES_PER_TURN`` frames at most) into ``taken``: every choice costs its budget
+        one, every ``KEYS_PER_CHOICE`` block keys one more (the loop's work is in the keys), a frame refused one."""
+        budget = peer.budget
+        for _ in range(_FRAMES_PER_TURN):
+            if budget.wait_s(1.0) > 0:  # spent: the rest waits in ZeroMQ's queue (a frame's cost at most overdrawn)
+                break
             try:
                 frames = peer.sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
-            read += 1
+            budget.spend(1.0)  # a message of one choice (the usual one) costs this alone
             if len(frames) != 2 or frames[0] != TOPIC:
                 peer.bad_frames += 1
                 continue
@@ -276,9 +278,8 @@ class RouterSync:
                 peer.foreign_keys += 1
                 choices = [RouterChoice(c.replica_id, c.booking, c.uncached_tokens, []) for c in choices]
             peer.choices += len(choices)
-            cost += sum(len(c.keys) for c in choices) / KEYS_PER_CHOICE
+            budget.spend(max(0, len(choices) - 1) + sum(len(c.keys) for c in choices) / KEYS_PER_CHOICE)
             taken.extend((message.router_id, choice) for choice in choices)
-        peer.budget.spend(max(read, 1) + cost)
 
     def _hand_over(self, taken: list[tuple[str, RouterChoice]]) -> None:
         with self._lock:

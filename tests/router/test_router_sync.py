@@ -210,6 +210,24 @@ async def test_a_hostile_peer_is_refused_and_bounded_while_the_loop_keeps_its_pa
         assert max(lags) < 0.5, f"the loop stalled {max(lags):.3f} s under the flood"
         load = b.loads.loads["r1"]
         assert load.unacked_prefill_tokens <= 10 * taken  # only what passed, 10 tokens each
+
+        # full frames (64 choices, a prompt's worth of keys each) cost as many choices and their keys besides
+        while True:  # the flood's queue drained first (its frames cost less)
+            before = _peer(sync)["choices"]
+            await asyncio.sleep(0.3)
+            if _peer(sync)["choices"] == before:
+                break
+        t0 = time.monotonic()
+        full = [RouterChoice("r0", 0, 10, list(range(MAX_KEYS))) for _ in range(MAX_CHOICES_PER_FRAME)]
+        for n in range(300):
+            try:
+                liar.send_multipart((TOPIC, encode_choices(RouterChoices("liar", 30_000 + n, check_b, full))),
+                                    zmq.NOBLOCK)
+            except zmq.Again:
+                await asyncio.sleep(0)
+        await asyncio.sleep(1.0)
+        units = (_peer(sync)["choices"] - before) * (1 + MAX_KEYS / 64)
+        assert units <= 200 + 2000 * (time.monotonic() - t0 + 0.5) + (1 + MAX_KEYS / 64) * MAX_CHOICES_PER_FRAME
     finally:
         sync.close()
         liar.close(linger=0)
