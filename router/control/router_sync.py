@@ -48,6 +48,7 @@ from kvmesh.router.control.sync_wire import (
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
     from kvmesh.router.config import SyncConfig
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.kv_router import KVRouter
 
 __all__ = ["RouterSync"]
@@ -67,7 +68,7 @@ _POLL_MS = 100
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
-class _Peer:
+class _SyncPeer:
     """One other router's stream: its SUB, its budget and what it sent (the sync thread's; counters read anywhere)."""
 
     __slots__ = ("endpoint", "sock", "budget", "choices", "bad_frames", "refused", "foreign_keys", "warned")
@@ -117,7 +118,7 @@ class RouterSync:
         """Other routers' choices for a replica not in this router's set (not yet, or no longer)."""
         self.overflow = 0
         """Other routers' choices dropped while ``MAX_PENDING`` waited for the loop."""
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, _SyncPeer] = {}
         self._wanted: tuple[str, ...] = tuple(config.peers)
         self._changed = threading.Event()
         self._pending: deque[tuple[str, RouterChoice]] = deque()
@@ -145,14 +146,14 @@ class RouterSync:
         self.router.choices_out = self.publish if self._pub is not None else None
         return self
 
-    def publish(self, replica_id: str, booking: int, uncached_tokens: int, keys: list[int]) -> None:
-        """Tell the other routers of a request sent to ``replica_id`` (the router's loop; any thread may call)."""
+    def publish(self, replica: Replica, booking: int, uncached_tokens: int, keys: list[int]) -> None:
+        """Tell the other routers of a request sent to ``replica`` (the router's loop; any thread may call)."""
         with self._pub_lock:
             if self._pub is None:
                 return
             self._seq += 1
             frame = encode_choices(RouterChoices(self.router.loads.router_id, self._seq, self.key_check,
-                                                 [RouterChoice(replica_id, booking, uncached_tokens, keys)]))
+                                                 [RouterChoice(replica.id, booking, uncached_tokens, keys)]))
             try:
                 self._pub.send_multipart((TOPIC, frame), _NOBLOCK)
                 self.published += 1
@@ -226,7 +227,7 @@ class RouterSync:
                 logger.warning("router sync: cannot follow %s (%s)", endpoint, e)
                 sock.close(linger=0)
                 continue
-            self._peers[endpoint] = _Peer(endpoint, sock, self.config.choices_per_s, self.config.choice_burst)
+            self._peers[endpoint] = _SyncPeer(endpoint, sock, self.config.choices_per_s, self.config.choice_burst)
             poller.register(sock, zmq.POLLIN)
 
     def _turn(self, poller: zmq.Poller) -> None:
@@ -246,7 +247,7 @@ class RouterSync:
         if taken:
             self._hand_over(taken)
 
-    def _read(self, peer: _Peer, taken: list) -> None:
+    def _read(self, peer: _SyncPeer, taken: list) -> None:
         """Read what ``peer`` sent (``_FRAMES_PER_TURN`` frames at most) into ``taken``: every choice costs its budget
         one, every ``KEYS_PER_CHOICE`` block keys one more (the loop's work is in the keys), a frame refused one."""
         budget = peer.budget

@@ -45,7 +45,7 @@ class InFlight:
                                               sequences=d.sequences)
         tell = self.router.choices_out
         if tell is not None:  # the other routers count it too (router/control/router_sync.py)
-            tell(d.replica.id, self.booking or 0, d.uncached_tokens, d.keys)
+            tell(d.replica, self.booking or 0, d.uncached_tokens, d.keys)
         return self
 
     def headers(self) -> dict[str, str]:

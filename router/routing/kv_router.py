@@ -86,7 +86,7 @@ class KVRouter(EventIntake, PullPlanning):
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
         self.events_applied = 0
         """Events applied from all replicas."""
-        self.choices_out: Callable[[ReplicaId, int, int, list[int]], None] | None = None
+        self.choices_out: Callable[[Replica, int, int, list[int]], None] | None = None
         """Tells the other routers of each request sent (router/control/router_sync.py); None: it syncs with none."""
         self.untrusted: set[Replica] = set()
         """The degraded replicas (``set_degraded``): their index matches are ignored."""

@@ -51,9 +51,9 @@ def test_a_router_that_syncs_tells_the_others_of_the_attempt_with_its_booking_an
     loads = _tracker()
     loads.apply_published(loads.replicas.get("a"), LoadLedger().update(0.0, 0.0, 0, 0, 0, 0.0))  # it books there
     told: list[tuple] = []
-    with _flight(loads, lambda *choice: told.append(choice)):
+    with _flight(loads, lambda replica, *choice: told.append((replica.id, *choice))):
         pass
-    with _flight(loads, lambda *choice: told.append(choice)):
+    with _flight(loads, lambda replica, *choice: told.append((replica.id, *choice))):
         pass
     assert told == [("a", 1, 48, [11, 12, 13]), ("a", 2, 48, [11, 12, 13])]
 

@@ -98,7 +98,7 @@ async def _told(a, b, replica_id: str, keys: list[int], tokens: int) -> None:
     while b.loads.loads[replica_id].unacked_requests == 0:
         assert time.monotonic() < end, "the other router never counted the choice"
         number = a.loads.on_dispatch(a.replicas.get(replica_id), tokens)
-        a.choices_out(replica_id, number, tokens, keys)
+        a.choices_out(a.replicas.get(replica_id), number, tokens, keys)
         await asyncio.sleep(0.05)
 
 
