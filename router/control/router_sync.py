@@ -31,23 +31,22 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-import msgspec
 import zmq
 from kvmesh.events import curve
-from kvmesh.events.ratelimit import TokenBucket
+from kvmesh.router.control.sync_peer import SyncPeer
 from kvmesh.router.control.sync_wire import (
     MAX_SYNC_FRAME_BYTES,
+    SYNC_CONTEXT_TOKENS,
+    TOPIC,
     RouterChoice,
     RouterChoices,
-    check,
-    decode_choices,
     encode_choices,
     key_check,
 )
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
-    from kvmesh.router.config import SyncConfig
+    from kvmesh.router.config import RouterConfig, SyncConfig
     from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.kv_router import KVRouter
 
@@ -55,40 +54,11 @@ __all__ = ["RouterSync"]
 
 logger = logging.getLogger(__name__)
 
-TOPIC = b"kvmesh-choices"
-"""First frame of every message (a subscriber filters on it)."""
 MAX_PENDING = 1 << 16
 """Choices waiting for the loop at most; beyond, new ones are dropped and counted (a loop that far behind gains
 nothing from choices older than its turn)."""
-KEYS_PER_CHOICE = 64
-"""Block keys that cost a peer's budget as much as one choice (a 1k-token prompt of 16-token blocks: one more), so
-a peer's keys cost this router at most ``choices_per_s`` x this a second."""
-_FRAMES_PER_TURN = 256
 _POLL_MS = 100
 _NOBLOCK = int(zmq.NOBLOCK)
-
-
-class _SyncPeer:
-    """One other router's stream: its SUB, its budget and what it sent (the sync thread's; counters read anywhere)."""
-
-    __slots__ = ("endpoint", "sock", "budget", "choices", "bad_frames", "refused", "foreign_keys", "warned")
-
-    def __init__(self, endpoint: str, sock: zmq.Socket, choices_per_s: float, burst: int) -> None:
-        self.endpoint, self.sock = endpoint, sock
-        self.budget = TokenBucket(choices_per_s, burst)
-        self.choices = 0
-        """Choices passed to the loop."""
-        self.bad_frames = 0
-        """Frames that are no message (undecodable, or not one frame after the topic)."""
-        self.refused = 0
-        """Messages refused at intake (``sync_wire.check``)."""
-        self.foreign_keys = 0
-        """Messages whose keys were made with another seed (``key_check``): their bookings count, their keys not."""
-        self.warned = False
-
-    def counters(self) -> dict[str, int]:
-        return {"choices": self.choices, "bad_frames": self.bad_frames, "refused": self.refused,
-                "foreign_keys": self.foreign_keys}
 
 
 class RouterSync:
@@ -118,13 +88,24 @@ class RouterSync:
         """Other routers' choices for a replica not in this router's set (not yet, or no longer)."""
         self.overflow = 0
         """Other routers' choices dropped while ``MAX_PENDING`` waited for the loop."""
-        self._peers: dict[str, _SyncPeer] = {}
+        self._peers: dict[str, SyncPeer] = {}
         self._wanted: tuple[str, ...] = tuple(config.peers)
         self._changed = threading.Event()
         self._pending: deque[tuple[str, RouterChoice]] = deque()
         self._lock = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="kvmesh-router-sync", daemon=True)
+
+    @classmethod
+    def started(cls, router: KVRouter, config: RouterConfig, context_tokens: int | None,
+                loop: asyncio.AbstractEventLoop) -> RouterSync | None:
+        """The stream of a router built from ``config``, started; None when ``config.sync`` is off.
+        ``context_tokens``: the model's context as the router's tokenizer knows it (``max_model_len`` wins; neither:
+        ``SYNC_CONTEXT_TOKENS``), which bounds a peer's key list."""
+        if not config.sync.enabled:
+            return None
+        max_len = config.max_model_len or context_tokens or SYNC_CONTEXT_TOKENS
+        return cls(router, config.sync, config.events, max_len // router.block_size + 1, loop).start()
 
     # ------------------------------------------------------------------ publishing
     def start(self) -> RouterSync:
@@ -227,7 +208,7 @@ class RouterSync:
                 logger.warning("router sync: cannot follow %s (%s)", endpoint, e)
                 sock.close(linger=0)
                 continue
-            self._peers[endpoint] = _SyncPeer(endpoint, sock, self.config.choices_per_s, self.config.choice_burst)
+            self._peers[endpoint] = SyncPeer(endpoint, sock, self.config.choices_per_s, self.config.choice_burst)
             poller.register(sock, zmq.POLLIN)
 
     def _turn(self, poller: zmq.Poller) -> None:
@@ -243,44 +224,9 @@ class RouterSync:
         for sock, _ in poller.poll(wait_ms):
             peer = owner.get(sock)
             if peer is not None:
-                self._read(peer, taken)
+                peer.read(taken, self.key_check, self.max_keys)
         if taken:
             self._hand_over(taken)
-
-    def _read(self, peer: _SyncPeer, taken: list) -> None:
-        """Read what ``peer`` sent (``_FRAMES_PER_TURN`` frames at most) into ``taken``: every choice costs its budget
-        one, every ``KEYS_PER_CHOICE`` block keys one more (the loop's work is in the keys), a frame refused one."""
-        budget = peer.budget
-        for _ in range(_FRAMES_PER_TURN):
-            if budget.wait_s(1.0) > 0:  # spent: the rest waits in ZeroMQ's queue (a frame's cost at most overdrawn)
-                break
-            try:
-                frames = peer.sock.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                break
-            budget.spend(1.0)  # a message of one choice (the usual one) costs this alone
-            if len(frames) != 2 or frames[0] != TOPIC:
-                peer.bad_frames += 1
-                continue
-            try:
-                message = check(decode_choices(frames[1]), self.max_keys)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                peer.bad_frames += 1
-                continue
-            except ValueError as e:
-                peer.refused += 1
-                if not peer.warned:
-                    peer.warned = True
-                    logger.warning("router sync: %s sent a message this router refuses: %s (further refusals are "
-                                   "counted, not logged)", peer.endpoint, e)
-                continue
-            choices = message.choices
-            if message.key_check != self.key_check and any(c.keys for c in choices):
-                peer.foreign_keys += 1
-                choices = [RouterChoice(c.replica_id, c.booking, c.uncached_tokens, []) for c in choices]
-            peer.choices += len(choices)
-            budget.spend(max(0, len(choices) - 1) + sum(len(c.keys) for c in choices) / KEYS_PER_CHOICE)
-            taken.extend((message.router_id, choice) for choice in choices)
 
     def _hand_over(self, taken: list[tuple[str, RouterChoice]]) -> None:
         with self._lock:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.openai.renderer import PromptRenderer
@@ -31,6 +30,7 @@ from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.adapter_loads import AdapterLoads
 from kvmesh.router.control.event_feed import EventFeed
 from kvmesh.router.control.kv_peers import KVPeerRegistry
+from kvmesh.router.control.metrics_state import metrics_state
 from kvmesh.router.control.models import RouterModels, router_tokenizer
 from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
@@ -38,7 +38,7 @@ from kvmesh.router.control.quota_sync import QuotaSync, fleet_quota
 from kvmesh.router.control.replica_calls import ReplicaCalls
 from kvmesh.router.control.router_sync import RouterSync
 from kvmesh.router.control.stream_watch import StreamWatch
-from kvmesh.router.control.sync_wire import SYNC_CONTEXT_TOKENS, key_seed
+from kvmesh.router.control.sync_wire import router_key_seed
 from kvmesh.router.http.admission_gate import AdmissionGate
 from kvmesh.router.http.data_plane import DataPlane
 from kvmesh.router.http.fleet_metrics import FleetMetrics
@@ -79,11 +79,9 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
         self.config = config
-        seed = key_seed(config.internal_key) if config.sync.enabled else secrets.randbits(64)  # sync_wire.py
-        self.router: KVRouter = build_router(config, seed=seed)
+        self.router: KVRouter = build_router(config, seed=router_key_seed(config.internal_key, config.sync.enabled))
         self.sync: RouterSync | None = None
-        """The stream of choices between this router and the others of its service (router_sync.py; made at start
-        when ``config.sync`` is on)."""
+        """The stream of choices between this router and the others (router_sync.py; made at start if on)."""
         self.replicas = self.router.replicas
         """One record per replica (router/replicas/): its spec, state, health, load, models, what it accepts, ..."""
         self.calls = ReplicaCalls(config)
@@ -158,11 +156,8 @@ class RouterRuntime:
         self.feed.start()
         for spec in self._initial:
             self.add_replica(spec)
-        if self.config.sync.enabled:
-            known = self.tokenizer.max_model_len if self.tokenizer is not None else None
-            max_len = self.config.max_model_len or known or SYNC_CONTEXT_TOKENS
-            self.sync = RouterSync(self.router, self.config.sync, self.config.events,
-                                   max_len // self.router.block_size + 1, self._loop).start()
+        context = self.tokenizer.max_model_len if self.tokenizer is not None else None
+        self.sync = RouterSync.started(self.router, self.config, context, self._loop)
         await self.probes.probe_all()
         self.probes.start_polling()
         self.quota = fleet_quota(self.admission, self.config.responses)
@@ -290,22 +285,5 @@ class RouterRuntime:
 
     # ---------------------------------------------------------------- metrics
     def metrics_state(self) -> dict:
-        r = self.router
-        with r.lock:
-            index_blocks = {str(rid): r.index.num_blocks(rid) for rid in r.index.replica_ids}
-            records = list(r.replicas.records())
-            stats = r.index.stats
-            out = {
-                "index_blocks": index_blocks, "index_keys": r.index.num_keys,
-                "events_applied": r.events_applied,
-                "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
-                "healthy": {rep.id: rep.healthy for rep in records}, "loads": {rep.id: rep.load for rep in records},
-                "degraded": {rep.id: dict(rep.degraded) for rep in records},
-            }
-        sub = self.subscriber.stats if self.subscriber is not None else {}
-        out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
-        out["event_lag"] = {rep.id: rep.stream.lag_s for rep in self.replicas if rep.stream.lag_s is not None}
-        out["feed"] = self.feed_state()
-        out["load_feed"] = self.feed.loads.counters() if self.feed.loads is not None else {}
-        out["sync"] = self.sync.counters() if self.sync is not None else None
-        return out
+        """What ``/metrics`` reads of this router's state at a scrape (metrics_state.py)."""
+        return metrics_state(self)

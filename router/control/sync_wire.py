@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 
 import msgspec
 
-__all__ = ["MAX_CHOICES_PER_FRAME", "MAX_SYNC_FRAME_BYTES", "SYNC_CONTEXT_TOKENS", "RouterChoice", "RouterChoices",
-           "check", "decode_choices", "encode_choices", "key_check", "key_seed"]
+__all__ = ["MAX_CHOICES_PER_FRAME", "MAX_SYNC_FRAME_BYTES", "SYNC_CONTEXT_TOKENS", "TOPIC", "RouterChoice",
+           "RouterChoices", "check", "decode_choices", "encode_choices", "key_check", "key_seed", "router_key_seed"]
 
+TOPIC = b"kvmesh-choices"
+"""First frame of every message (a subscriber filters on it)."""
 MAX_CHOICES_PER_FRAME = 64
 """Choices one frame may carry (a router sends each at once, or the few of one turn of its loop)."""
 MAX_SYNC_FRAME_BYTES = 1 << 21
@@ -97,6 +100,12 @@ def key_seed(internal_key: str) -> int:
     a seed is what makes the index's keys unforgeable, so it is never drawn from something a tenant knows)."""
     digest = hmac.new(internal_key.encode(), b"kvmesh router key seed", hashlib.sha256).digest()
     return int.from_bytes(digest[:8], "little")
+
+
+def router_key_seed(internal_key: str | None, synced: bool) -> int:
+    """A router process's key seed: ``key_seed`` of the internal key where it syncs with others (its config requires
+    the key then), else one drawn at random (its index's keys then unforgeable and its own)."""
+    return key_seed(internal_key) if synced and internal_key is not None else secrets.randbits(64)
 
 
 def key_check(seed: int) -> int:

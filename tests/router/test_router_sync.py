@@ -13,9 +13,10 @@ import zmq
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.events.publish.load_ledger import LoadLedger
 from kvmesh.router.config import RouterConfig, SyncConfig, build_router
-from kvmesh.router.control.router_sync import TOPIC, RouterSync
+from kvmesh.router.control.router_sync import RouterSync
 from kvmesh.router.control.sync_wire import (
     MAX_CHOICES_PER_FRAME,
+    TOPIC,
     RouterChoice,
     RouterChoices,
     check,
