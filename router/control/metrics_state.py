@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvmesh.router.control.runtime import RouterRuntime
+    from kvmesh.router.control.event_feed import EventFeed
+    from kvmesh.router.control.router_sync import RouterSync
+    from kvmesh.router.routing.kv_router import KVRouter
 
 __all__ = ["metrics_state"]
 
 
-def metrics_state(runtime: RouterRuntime) -> dict:
-    """The state of ``runtime`` as the metrics collector reads it (the index under the router's lock)."""
-    r = runtime.router
+def metrics_state(r: KVRouter, feed: EventFeed, feed_state: dict, sync: RouterSync | None) -> dict:
+    """The state of router ``r`` as the metrics collector reads it (the index under the router's lock), with its
+    event and load feeds (``feed``, and ``feed_state`` as ``/health`` reads it) and its sync stream."""
     with r.lock:
         index_blocks = {str(rid): r.index.num_blocks(rid) for rid in r.index.replica_ids}
         records = list(r.replicas.records())
@@ -25,10 +27,10 @@ def metrics_state(runtime: RouterRuntime) -> dict:
             "healthy": {rep.id: rep.healthy for rep in records}, "loads": {rep.id: rep.load for rep in records},
             "degraded": {rep.id: dict(rep.degraded) for rep in records},
         }
-    sub = runtime.subscriber.stats if runtime.subscriber is not None else {}
+    sub = feed.subscriber.stats if feed.subscriber is not None else {}
     out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
-    out["event_lag"] = {rep.id: rep.stream.lag_s for rep in runtime.replicas if rep.stream.lag_s is not None}
-    out["feed"] = runtime.feed_state()
-    out["load_feed"] = runtime.feed.loads.counters() if runtime.feed.loads is not None else {}
-    out["sync"] = runtime.sync.counters() if runtime.sync is not None else None
+    out["event_lag"] = {rep.id: rep.stream.lag_s for rep in r.replicas if rep.stream.lag_s is not None}
+    out["feed"] = feed_state
+    out["load_feed"] = feed.loads.counters() if feed.loads is not None else {}
+    out["sync"] = sync.counters() if sync is not None else None
     return out

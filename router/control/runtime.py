@@ -286,4 +286,4 @@ class RouterRuntime:
     # ---------------------------------------------------------------- metrics
     def metrics_state(self) -> dict:
         """What ``/metrics`` reads of this router's state at a scrape (metrics_state.py)."""
-        return metrics_state(self)
+        return metrics_state(self.router, self.feed, self.feed_state(), self.sync)
