@@ -109,12 +109,13 @@ def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int)
     return records
 
 
-def load_replication(workload: SimWorkloadOptions, shape: WorkloadShape,
-                     seed: int) -> tuple[list[MooncakeRecord], str | None]:
+def load_replication(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int,
+                     time_scale: float = 1.0) -> tuple[list[MooncakeRecord], str | None]:
     """The records to simulate, windowed (``cut_trace``), and with ``--arrival-seed`` the replication's arrivals
-    and the line saying how they were drawn (None without it: the records as they are)."""
+    and the line saying how they were drawn (None without it: the records as they are). ``time_scale``: the replay's
+    (a fan-out's width is the replay's milliseconds)."""
     from kvmesh.cluster.measure.sim.replica import cut_trace
-    from kvmesh.cluster.measure.workloads.arrivals import on_clock, redraw_seed, shuffle_ticks, spread_arrivals
+    from kvmesh.cluster.measure.workloads.arrivals import fan_out, on_clock, redraw_seed, shuffle_ticks, spread_arrivals
     from kvmesh.cluster.measure.workloads.registry import get_workload
 
     clock = workload.arrival_clock_ms
@@ -130,8 +131,12 @@ def load_replication(workload: SimWorkloadOptions, shape: WorkloadShape,
     records = window(load_workload(workload, shape, redraw_seed(seed, k) if redrawn else seed))
     if redrawn and clock is None:
         return records, f"arrival seed {k}: the generated workload redrawn (its seed {redraw_seed(seed, k)})"
-    moved, line = shuffle_ticks(records, k) if workload.arrival_spread == "order" else \
-        spread_arrivals(records, k, clock)
+    if workload.arrival_spread == "order":
+        moved, line = shuffle_ticks(records, k)
+    elif workload.arrival_spread == "fanout":
+        moved, line = fan_out(records, k, workload.fanout_ms / time_scale, workload.fanout_ms)
+    else:
+        moved, line = spread_arrivals(records, k, clock)
     return moved, f"{line} (the generated workload redrawn)" if redrawn else line
 
 
@@ -150,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         command: SimCommandConfig = config_from_args(args, SIM_SCHEMA)
         w, compare = command.workload, command.compare
         config = build_config(command, args.routers, "sim.load_poll_s" in overrides_from_args(args, SIM_SCHEMA))
-        records, arrivals = load_replication(w, command.shape, config.seed)
+        records, arrivals = load_replication(w, command.shape, config.seed, config.time_scale)
         registered = available_policies()
         policies = [p.strip() for p in compare.policies.split(",") if p.strip()] if compare.policies else \
             default_policies()

@@ -124,7 +124,32 @@ def test_jitter_on_a_coarse_clock_spreads_each_request_inside_its_tick():
     assert "arrive together" in line and all(r.timestamp_ms % 1000 == 0 for r in bursts)
 
 
-@pytest.mark.parametrize("bad", [{"arrival_clock_ms": 0}, {"arrival_clock_ms": -5.0}, {"arrival_spread": "shuffle"}])
+def test_a_fan_out_puts_each_tick_inside_its_first_milliseconds_of_the_replay():
+    from kvmesh.cluster.commands.sim import load_replication
+    from kvmesh.cluster.measure.sim.options import SimWorkloadOptions
+    from kvmesh.cluster.measure.workloads.settings import WorkloadShape
+
+    def fanned(seed, time_scale=0.5):
+        w = SimWorkloadOptions(limit=200, arrival_clock_ms=1000, arrival_seed=seed, arrival_spread="fanout",
+                               fanout_ms=4.0)
+        return load_replication(w, WorkloadShape(), 0, time_scale)
+
+    bursts, _ = load_replication(SimWorkloadOptions(limit=200, arrival_clock_ms=1000, arrival_seed=3,
+                                                    arrival_spread="order"), WorkloadShape(), 0)
+    moved, line = fanned(3)
+    assert "within 4 ms" in line and "arrival seed 3" in line
+    # 4 ms of a replay at --time-scale 0.5 is 8 ms of the trace: every request within 8 ms of its tick's start
+    assert all(0 <= r.timestamp_ms % 1000 < 8 for r in moved)
+    assert Counter((r.hash_ids, r.timestamp_ms // 1000) for r in moved) == \
+        Counter((r.hash_ids, r.timestamp_ms // 1000) for r in bursts)
+    assert [r.timestamp_ms for r in moved] == sorted(r.timestamp_ms for r in moved)
+    assert len({r.timestamp_ms for r in moved}) == len(moved)  # no two at one instant
+    assert fanned(3)[0] == moved and fanned(4)[0] != moved
+    assert max(r.timestamp_ms % 1000 for r in fanned(3, time_scale=1.0)[0]) < 4
+
+
+@pytest.mark.parametrize("bad", [{"arrival_clock_ms": 0}, {"arrival_clock_ms": -5.0}, {"arrival_spread": "shuffle"},
+                                 {"fanout_ms": 0}, {"fanout_ms": float("nan")}])
 def test_a_bad_clock_or_spread_is_refused_by_name(bad):
     from kvmesh.cluster.measure.sim.options import SimWorkloadOptions
 

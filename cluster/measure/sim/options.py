@@ -61,13 +61,19 @@ class SimWorkloadOptions:
     arrival_spread: str = "jitter"
     """What --arrival-seed varies in a trace: ``jitter``, each arrival drawn inside its tick; ``order``, every request
     kept on its stamp (a tick's requests together) and the order within a tick drawn (which is routed first, and
-    which router takes it). A generated workload is redrawn in both."""
+    which router takes it); ``fanout``, a tick's requests arriving within --fanout-ms of its start, each at a drawn
+    time (a burst with a width: an agent's calls a few milliseconds apart). A generated workload is redrawn in all."""
+    fanout_ms: float = 10.0
+    """With --arrival-spread fanout: the window a tick's requests arrive in, in milliseconds of the replay (after
+    --time-scale, the time the routers see)."""
 
     def __post_init__(self) -> None:
         get_workload(self.workload)
         if self.arrival_spread not in ARRIVAL_SPREADS:
             raise ValueError(f"arrival_spread must be one of {', '.join(ARRIVAL_SPREADS)}; "
                              f"got {self.arrival_spread!r}")
+        if not self.fanout_ms > 0:
+            raise ValueError(f"fanout_ms must be > 0 milliseconds, got {self.fanout_ms}")
         if self.arrival_clock_ms is not None and not self.arrival_clock_ms > 0:
             raise ValueError(f"arrival_clock_ms must be > 0 milliseconds, got {self.arrival_clock_ms}")
 

@@ -11,6 +11,10 @@ numbers), and another seed is another replication.
 Bursts (``--arrival-clock-ms``, ``--arrival-spread order``): the stamps moved down onto a coarse clock keep a tick's
 requests together, as a trace logged in whole seconds replays them; the seed then draws only the order of the
 requests inside each tick (which one is routed first, and which router takes it), not their time.
+
+Fan-outs (``--arrival-spread fanout``): a tick's requests arrive within ``--fanout-ms`` of its start, each at a time
+drawn uniformly inside that window, as an agent's or a batch client's calls a few milliseconds apart: a burst with a
+width, where routers that tell each other their choices within less than the gaps see them.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ SHARED_STAMPS = 1.5
 """Requests per distinct stamp from which the stamps are read as a coarse clock (ticks), below it as distinct."""
 JITTER_SHARE = 0.5
 """Where stamps are distinct: an arrival moves forward by up to this share of the mean gap."""
-ARRIVAL_SPREADS = ("jitter", "order")
-"""What an arrival seed varies in a trace (``SimWorkloadOptions.arrival_spread``): the times inside a tick, or only
-the order of a tick's requests, which then arrive together."""
+ARRIVAL_SPREADS = ("jitter", "order", "fanout")
+"""What an arrival seed varies in a trace (``SimWorkloadOptions.arrival_spread``): the times inside a tick, only the
+order of a tick's requests, which then arrive together, or their times inside the first few milliseconds of it."""
 FINE_STEP = 0.1
 """A common step below this share of the median gap is no tick (irregular stamps): the median gap is the tick."""
 
@@ -100,6 +104,19 @@ def shuffle_ticks(records: list[MooncakeRecord], seed: int) -> tuple[list[Moonca
     return ([records[i] for _, _, i in keyed],
             f"arrival seed {seed}: each stamp's requests arrive together ({per_stamp:.1f} per stamp); their order "
             f"within it drawn")
+
+
+def fan_out(records: list[MooncakeRecord], seed: int, width_ms: float,
+            replay_width_ms: float | None = None) -> tuple[list[MooncakeRecord], str]:
+    """``records`` with each arrival drawn uniformly inside ``[stamp, stamp + width_ms)``, in arrival order, and the
+    line saying how (``replay_width_ms``: the window's width as the replay runs it, when a time scale changes it)."""
+    rng = random.Random(seed)
+    moved = [replace(r, timestamp_ms=r.timestamp_ms + rng.random() * width_ms) for r in records]
+    moved.sort(key=lambda r: r.timestamp_ms)
+    per_stamp = len(records) / max(1, len({r.timestamp_ms for r in records}))
+    shown = width_ms if replay_width_ms is None else replay_width_ms
+    return moved, (f"arrival seed {seed}: each stamp's requests ({per_stamp:.1f} per stamp) arrive within {shown:g} ms "
+                   "of it, each at a time drawn uniformly inside that window")
 
 
 def redraw_seed(seed: int, arrival_seed: int) -> int:
