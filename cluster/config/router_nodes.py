@@ -23,7 +23,7 @@ class RouterNodesConfig:
     """Ray CPUs each placed router reserves on its node."""
     router_restarts: int = -1
     """How often Ray restarts a placed router that died, on the same node (-1 = forever)."""
-    sync: bool = True
+    router_sync: bool = True
     """Placed routers tell each other every request they send (router.sync, router/control/router_sync.py: each binds
     an ephemeral port on its node and finds the others' through the replica set's board), so inside a burst none
     decides blind of the others; False: each sees the others' requests only once the replicas publish them."""

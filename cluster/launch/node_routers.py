@@ -99,7 +99,7 @@ class NodeRouters(RouterProcesses):
                     resources=resources, max_restarts=cfg.router_restarts,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 ).remote(replace(self.config, workers=1), f"router-{index}", BOARD_NAME, self.namespace,
-                         cfg.sync and len(nodes) > 1))
+                         cfg.router_sync and len(nodes) > 1))
             self._wait_started({"the replica set's board": (self.board, self.board.read.remote())}, started)
             owner = RouterClient(self.control_url, admin_key=self.config.admin_key)
             self.publisher = BoardPublisher(self.board, owner).start()

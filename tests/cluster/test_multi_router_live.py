@@ -153,8 +153,8 @@ def test_the_same_conversation_with_the_responses_in_postgresql(run):
 
 
 def test_placed_routers_sync_their_choices_and_a_restarted_one_follows_again(run):
-    """routers.sync (on by default): every placed router took the others' choices over its sync stream, refused and
-    dropped none; the restarted router follows the others again and they follow it at its new endpoint."""
+    """routers.router_sync (on by default): every placed router took the others' choices over its sync stream,
+    refused and dropped none; the restarted router follows the others again and they follow it at its new endpoint."""
     before, after, killed = run["sync_before_kill"], run["sync_after_restart"], run["setup"]["killed_router"]
     assert all(c is not None for c in before + after), (before, after)
     for counters in before:

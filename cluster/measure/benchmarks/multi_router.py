@@ -37,7 +37,7 @@ blocks:
 PostgreSQL database (one replica, a router on each of two nodes), for the Responses conversation alone: turns 1
 and 2, router 1 killed, turn 3 once it is back, every router asked.
 
-The placed routers sync their choices (``routers.sync``, router/control/router_sync.py): each router's stream
+The placed routers sync their choices (``routers.router_sync``, router/control/router_sync.py): each router's stream
 counters are read before the kill and at the end (the restarted router's anew, following the others again).
 
 Written to ``--out``: hit rates, failures per router, the fail-fast times, the rejoin time, the settle time, the
