@@ -139,9 +139,9 @@ def test_published_loads_give_every_router_the_same_view_and_book_only_their_own
     seen: list[set] = []
     original = loop.Simulation.dispatch
 
-    def dispatch(self, req, now):  # every router's view of every replica, just before each decision
+    def dispatch(self, req, now, router=None):  # every router's view of every replica, just before each decision
         seen.extend(_views(self, rep.replica_id) for rep in self.replicas)
-        original(self, req, now)
+        original(self, req, now, router)
 
     reqs = requests_from_mooncake(_trace(), 0.01, 32, trace_block_tokens=32)  # 100x the rate: queues form
     config = replace(CFG, num_routers=3, published_loads=True, load_publish_lag_s=0.0, load_publish_interval_s=0.0)
@@ -208,3 +208,53 @@ def test_synced_routers_count_each_others_bookings_and_blocks_once_the_lag_passe
 def test_synced_routers_need_the_published_load_that_acknowledges_their_bookings():
     with pytest.raises(ValueError, match="published_loads"):
         replace(CFG, num_routers=2, router_sync=True)
+
+
+def _bursts(n: int = 4) -> list[MooncakeRecord]:
+    """Four bursts 2 s apart, each of four requests at one instant sharing a new 6-block prefix."""
+    return [MooncakeRecord(t * 2000.0, 7 * 32 - 5, 4, tuple(1000 * t + k for k in range(6)) + (10_000 + 10 * t + i,))
+            for t in range(n) for i in range(4)]
+
+
+def _staggered(stagger: float, monkeypatch) -> tuple[list, list[int]]:
+    """The requests of ``_bursts`` through four synced routers, and how many requests router 3 saw on the replicas
+    when it decided each burst's request (running, waiting, and not yet acknowledged: the others' told it)."""
+    from kvmesh.router.routing.policies import DEFAULT_POLICY
+
+    seen: list[int] = []
+
+    def route(self, req, k=None):
+        if (k if k is not None else self._next % len(self.routers)) == 3:
+            self._land_synced(req.routed_s)
+            loads = self.routers[3].loads.loads.values()
+            seen.append(sum(load.num_running + load.num_waiting + load.unacked_requests for load in loads))
+        return _ROUTE(self, req, k)
+
+    monkeypatch.setattr(SimRouter, "route", route)
+    config = replace(CFG, blocks_per_replica=64, num_routers=4, published_loads=True, router_sync=True,
+                     sync_lag_s=0.001, router_stagger_s=stagger)
+    reqs = requests_from_mooncake(_bursts(), 1.0, 32, trace_block_tokens=32)
+    return run_policy(DEFAULT_POLICY, reqs, config, 64, BlockTokenCache(32, 256)).requests, seen
+
+
+_ROUTE = SimRouter.route
+
+
+def test_staggered_routers_decide_one_after_another_each_told_the_earlier_ones_choices(monkeypatch):
+    """``router_stagger_s``: router k decides k x stagger after the arrival, so in a burst router 3 has been told
+    routers 0-2's requests before it decides (blind of them at once); the wait counts in TTFT."""
+    requests, seen = _staggered(0.002, monkeypatch)
+    for r in requests:
+        assert r.routed_s - r.arrival_s == pytest.approx(0.002 * r.router_index)
+        assert r.first_token_s - r.arrival_s > 0.002 * r.router_index
+    assert seen == [3, 3, 3, 3]
+    blind, seen_blind = _staggered(0.0, monkeypatch)
+    assert all(r.routed_s == r.arrival_s for r in blind)
+    assert seen_blind == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("bad", [{"router_stagger_s": -0.001, "router_sync": True, "published_loads": True},
+                                 {"router_stagger_s": 0.002}])
+def test_a_stagger_needs_the_sync_stream_and_a_sign(bad):
+    with pytest.raises(ValueError, match="router_stagger_s"):
+        replace(CFG, num_routers=2, **bad)

@@ -123,6 +123,10 @@ class SimConfig:
     until the replica's published load acknowledges it, and predict its blocks there."""
     sync_lag_s: float = 0.001
     """Seconds from a router's choice to the others applying it (publish, network, their loop's turn)."""
+    router_stagger_s: float = 0.0
+    """With ``router_sync``: router k of N (its rank, from 0) decides each request k x this after it arrives, so
+    routers given a burst at one instant decide one after another, each told the earlier ones' choices (above
+    ``sync_lag_s`` to be); the wait counts in the request's TTFT. 0: every router decides at once."""
     share_sessions: bool = False
     """With several routers: a session pin made by one router is made in all (one shared session
     table); without it each router pins only the turns it routed, and its pins go stale."""
@@ -176,6 +180,11 @@ class SimConfig:
                              "acknowledges it: it needs published_loads")
         if not self.sync_lag_s >= 0:
             raise ValueError(f"sync_lag_s must be >= 0 seconds, got {self.sync_lag_s}")
+        if not self.router_stagger_s >= 0:
+            raise ValueError(f"router_stagger_s must be >= 0 seconds, got {self.router_stagger_s}")
+        if self.router_stagger_s > 0 and (not self.router_sync or self.admission):
+            raise ValueError("router_stagger_s staggers the routers' decisions so each is told the earlier ones' "
+                             "choices: it needs router_sync, and is not modelled with admission")
         if self.share_loads and self.published_loads:
             raise ValueError("share_loads and published_loads together count another router's request twice (once "
                              "shared, once as the replica publishes it, the phantom booking never acknowledged): "

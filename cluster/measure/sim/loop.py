@@ -39,7 +39,7 @@ from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_hando
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.events.schema import KVEvent
 
-STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT, LOAD, LOAD_DUE = range(9)
+STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT, LOAD, LOAD_DUE, DECIDE = range(10)
 _RECURRING = (POLL, FLEET_TIMER)
 
 Payload = tuple[SimReplica, int] | tuple[str, list[KVEvent]] | tuple[SimReplica, SimRequest] | str | None
@@ -115,6 +115,7 @@ class Simulation:
         self._pending = 0  # events in the heap that are not recurring timers
         self._next_arrival = 0
         self._moving = 0  # requests in a KV transfer
+        self._deciding = 0  # requests waiting for their router's turn (``router_stagger_s``)
         self.route_s = 0.0
         self.admission = make_admission(config, self)
         self.publishing = SimLoadPublishing() if config.published_loads else None
@@ -149,27 +150,34 @@ class Simulation:
             self.push(step.end_s, STEP_END, (rep, rep.version))
 
     def busy(self) -> bool:
-        return self._next_arrival < len(self.requests) or self._moving > 0 or any(
+        return self._next_arrival < len(self.requests) or self._moving > 0 or self._deciding > 0 or any(
             rep.step is not None or rep.waiting for rep in self.replicas) or (
             self.admission is not None and self.admission.num_waiting > 0)
 
     def arrive(self, req: SimRequest) -> None:
         req.all_token_ids = self.tokens.prompt(req.hash_ids, req.num_prompt_tokens)
-        if self.admission is None:
-            self.dispatch(req, req.arrival_s)
-        else:
+        if self.admission is not None:
             self.admission.arrive(req, req.arrival_s)  # it dispatches now, later, or sheds
             if req.shed_reason is not None:
                 req.all_token_ids = []
+            return
+        stagger = self.config.router_stagger_s
+        k = self.router.pick_router() if stagger > 0 else None
+        if k:  # router k decides k x stagger after the arrival
+            self._deciding += 1
+            self.push(req.arrival_s + k * stagger, DECIDE, (req, k))
+        else:
+            self.dispatch(req, req.arrival_s, k)
 
     def wake_at(self, at: float) -> None:
         self.push(at, ADMIT, None)
 
-    def dispatch(self, req: SimRequest, now: float) -> None:
-        """Route ``req`` at ``now`` (its arrival, or when admission let it go) and queue it."""
+    def dispatch(self, req: SimRequest, now: float, router: int | None = None) -> None:
+        """Route ``req`` at ``now`` (its arrival, its router's turn, or when admission let it go) through simulated
+        router ``router`` (None: the next) and queue it."""
         req.routed_s = now
         t0 = time.perf_counter()
-        rep = self.by_id[self.router.route(req)]
+        rep = self.by_id[self.router.route(req, router)]
         self.route_s += time.perf_counter() - t0
         if req.prefill_leg is not None:  # split: the prompt first goes to the prefill replica
             self.enqueue(self.by_id[req.prefill_leg.replica_id], req.prefill_leg, now)
@@ -274,6 +282,9 @@ class Simulation:
             elif kind == MOVED:
                 self._moving -= 1
                 self.enqueue(*payload, now)
+            elif kind == DECIDE:
+                self._deciding -= 1
+                self.dispatch(payload[0], now, payload[1])
             elif kind == ADMIT:
                 self.admission.pump(now, expire=True)
             elif kind == POLL:

@@ -112,18 +112,20 @@ class SimRouter:
         self.decisions: dict[str, RouteDecision] = {}
         """Routed requests without a first token yet -> their decision (its predicted TTFT, learned from)."""
 
-    def _pick_router(self) -> int:
+    def pick_router(self) -> int:
+        """The router the next request reaches (round-robin, or drawn with ``router_spread=random``)."""
         n = len(self.routers)
         if self._spread is not None:
             return self._spread.randrange(n)
         self._next += 1
         return (self._next - 1) % n
 
-    def route(self, req: SimRequest) -> str:
+    def route(self, req: SimRequest, k: int | None = None) -> str:
+        """Route ``req`` through router ``k`` (None: the next, ``pick_router``)."""
         now = req.routed_s if req.routed_s >= 0 else req.arrival_s  # later than its arrival: it waited in admission
         if self.synced:
             self._land_synced(now)
-        k = req.router_index = self._pick_router()
+        k = req.router_index = self.pick_router() if k is None else k
         router = self.routers[k]
         session = req.session_id if self.config.use_sessions else None
         lora_name = req.lora_name if self.config.lora.adapter_aware else None  # adapter-blind: hidden (sim/lora.py)
