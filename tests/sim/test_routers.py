@@ -216,7 +216,7 @@ def _bursts(n: int = 4) -> list[MooncakeRecord]:
             for t in range(n) for i in range(4)]
 
 
-def _staggered(stagger: float, monkeypatch) -> tuple[list, list[int]]:
+def _taking_turns(turn: float, monkeypatch) -> tuple[list, list[int]]:
     """The requests of ``_bursts`` through four synced routers, and how many requests router 3 saw on the replicas
     when it decided each burst's request (running, waiting, and not yet acknowledged: the others' told it)."""
     from kvmesh.router.routing.policies import DEFAULT_POLICY
@@ -232,7 +232,7 @@ def _staggered(stagger: float, monkeypatch) -> tuple[list, list[int]]:
 
     monkeypatch.setattr(SimRouter, "route", route)
     config = replace(CFG, blocks_per_replica=64, num_routers=4, published_loads=True, router_sync=True,
-                     sync_lag_s=0.001, router_stagger_s=stagger)
+                     sync_lag_s=0.001, router_turn_s=turn)
     reqs = requests_from_mooncake(_bursts(), 1.0, 32, trace_block_tokens=32)
     return run_policy(DEFAULT_POLICY, reqs, config, 64, BlockTokenCache(32, 256)).requests, seen
 
@@ -240,21 +240,36 @@ def _staggered(stagger: float, monkeypatch) -> tuple[list, list[int]]:
 _ROUTE = SimRouter.route
 
 
-def test_staggered_routers_decide_one_after_another_each_told_the_earlier_ones_choices(monkeypatch):
+def test_taking_turns_routers_decide_one_after_another_each_told_the_earlier_ones_choices(monkeypatch):
     """``router_stagger_s``: router k decides k x stagger after the arrival, so in a burst router 3 has been told
     routers 0-2's requests before it decides (blind of them at once); the wait counts in TTFT."""
-    requests, seen = _staggered(0.002, monkeypatch)
+    requests, seen = _taking_turns(0.002, monkeypatch)
     for r in requests:
         assert r.routed_s - r.arrival_s == pytest.approx(0.002 * r.router_index)
         assert r.first_token_s - r.arrival_s > 0.002 * r.router_index
     assert seen == [3, 3, 3, 3]
-    blind, seen_blind = _staggered(0.0, monkeypatch)
+    alone = run_policy("cache_aware", requests_from_mooncake(_bursts(), 1.0, 32, trace_block_tokens=32),
+                       replace(CFG, blocks_per_replica=64, published_loads=True, router_sync=True, router_turn_s=0.002),
+                       64, BlockTokenCache(32, 256)).requests
+    assert all(r.routed_s == r.arrival_s for r in alone)  # a router alone waits for no one
+    blind, seen_blind = _taking_turns(0.0, monkeypatch)
     assert all(r.routed_s == r.arrival_s for r in blind)
     assert seen_blind == [0, 0, 0, 0]
 
 
-@pytest.mark.parametrize("bad", [{"router_stagger_s": -0.001, "router_sync": True, "published_loads": True},
-                                 {"router_stagger_s": 0.002}])
-def test_a_stagger_needs_the_sync_stream_and_a_sign(bad):
-    with pytest.raises(ValueError, match="router_stagger_s"):
+def test_a_routers_next_turn():
+    from kvmesh.cluster.measure.sim.loop import next_turn
+
+    assert next_turn(0.0, 0.002, 0, 4) == 0.0 and next_turn(0.0, 0.002, 3, 4) == pytest.approx(0.006)
+    assert next_turn(0.0001, 0.002, 0, 4) == pytest.approx(0.008)  # just missed its turn: a whole round later
+    assert next_turn(0.0031, 0.002, 1, 4) == pytest.approx(0.010) and next_turn(0.0031, 0.002, 2, 4) == \
+        pytest.approx(0.004)
+    assert next_turn(1.0, 0.002, 1, 4) == pytest.approx(1.002)  # 1 s is turn 500, router 0's
+
+
+@pytest.mark.parametrize("bad", [{"router_turn_s": -0.001, "router_sync": True, "published_loads": True},
+                                 {"router_turn_s": 0.002},
+                                 {"router_turn_s": 0.001, "router_sync": True, "published_loads": True}])
+def test_turns_need_the_sync_stream_and_to_be_longer_than_its_lag(bad):
+    with pytest.raises(ValueError, match="router_turn_s"):
         replace(CFG, num_routers=2, **bad)

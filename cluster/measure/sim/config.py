@@ -123,10 +123,11 @@ class SimConfig:
     until the replica's published load acknowledges it, and predict its blocks there."""
     sync_lag_s: float = 0.001
     """Seconds from a router's choice to the others applying it (publish, network, their loop's turn)."""
-    router_stagger_s: float = 0.0
-    """With ``router_sync``: router k of N (its rank, from 0) decides each request k x this after it arrives, so
-    routers given a burst at one instant decide one after another, each told the earlier ones' choices (above
-    ``sync_lag_s`` to be); the wait counts in the request's TTFT. 0: every router decides at once."""
+    router_turn_s: float = 0.0
+    """With ``router_sync``: the routers take turns of this many seconds to decide, router k of N at the start of
+    the turns numbered k mod N (on one clock), so no two decide within a turn of each other and each has been told
+    the others' choices (more than ``sync_lag_s``); a request waits for its router's next turn, the wait counted in
+    its TTFT. 0: every router decides as a request arrives."""
     share_sessions: bool = False
     """With several routers: a session pin made by one router is made in all (one shared session
     table); without it each router pins only the turns it routed, and its pins go stale."""
@@ -180,11 +181,12 @@ class SimConfig:
                              "acknowledges it: it needs published_loads")
         if not self.sync_lag_s >= 0:
             raise ValueError(f"sync_lag_s must be >= 0 seconds, got {self.sync_lag_s}")
-        if not self.router_stagger_s >= 0:
-            raise ValueError(f"router_stagger_s must be >= 0 seconds, got {self.router_stagger_s}")
-        if self.router_stagger_s > 0 and (not self.router_sync or self.admission):
-            raise ValueError("router_stagger_s staggers the routers' decisions so each is told the earlier ones' "
-                             "choices: it needs router_sync, and is not modelled with admission")
+        if not self.router_turn_s >= 0:
+            raise ValueError(f"router_turn_s must be >= 0 seconds, got {self.router_turn_s}")
+        if self.router_turn_s > 0 and (not self.router_sync or self.admission or self.router_turn_s <= self.sync_lag_s):
+            raise ValueError("router_turn_s gives the routers turns to decide in, each told the others' choices before "
+                             "its turn: it needs router_sync, a turn longer than sync_lag_s, and is not modelled with "
+                             "admission")
         if self.share_loads and self.published_loads:
             raise ValueError("share_loads and published_loads together count another router's request twice (once "
                              "shared, once as the replica publishes it, the phantom booking never acknowledged): "

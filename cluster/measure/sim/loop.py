@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -115,7 +116,7 @@ class Simulation:
         self._pending = 0  # events in the heap that are not recurring timers
         self._next_arrival = 0
         self._moving = 0  # requests in a KV transfer
-        self._deciding = 0  # requests waiting for their router's turn (``router_stagger_s``)
+        self._deciding = 0  # requests waiting for their router's turn (``router_turn_s``)
         self.route_s = 0.0
         self.admission = make_admission(config, self)
         self.publishing = SimLoadPublishing() if config.published_loads else None
@@ -161,13 +162,14 @@ class Simulation:
             if req.shed_reason is not None:
                 req.all_token_ids = []
             return
-        stagger = self.config.router_stagger_s
-        k = self.router.pick_router() if stagger > 0 else None
-        if k:  # router k decides k x stagger after the arrival
+        turn, n = self.config.router_turn_s, len(self.router.routers)
+        k = self.router.pick_router() if turn > 0 and n > 1 else None  # a router alone has no one to wait for
+        at = req.arrival_s if k is None else next_turn(req.arrival_s, turn, k, n)
+        if at > req.arrival_s:
             self._deciding += 1
-            self.push(req.arrival_s + k * stagger, DECIDE, (req, k))
+            self.push(at, DECIDE, (req, k))
         else:
-            self.dispatch(req, req.arrival_s, k)
+            self.dispatch(req, at, k)
 
     def wake_at(self, at: float) -> None:
         self.push(at, ADMIT, None)
@@ -296,6 +298,12 @@ class Simulation:
         unfinished = [r.request_id for r in requests if r.finished_s < 0 and r.shed_reason is None]
         if unfinished:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
+
+
+def next_turn(t: float, turn_s: float, k: int, n: int) -> float:
+    """When router ``k`` of ``n`` next decides at or after ``t``: the start of the next turn numbered k mod n."""
+    first = math.ceil(t / turn_s - 1e-9)
+    return (first + (k - first) % n) * turn_s
 
 
 def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
