@@ -119,6 +119,11 @@ class SyncConfig:
     waits, then is dropped): about what a busy router sends, and half a second of this router's loop at most."""
     choice_burst: int = 1000
     """Choices one peer may send at once above that rate."""
+    turn_s: float = 0.0015
+    """The routers take turns of this many seconds to decide, each in its own (router/control/turns.py: router k of
+    n by their endpoints' order, on the hosts' clocks), so none decides blind of another's choice told it later than
+    that; a request waits for its router's next turn, n x this / 2 on average. Longer than the stream's lag; 0: decide
+    at once."""
 
     @property
     def enabled(self) -> bool:
@@ -131,6 +136,8 @@ class SyncConfig:
                 raise ValueError(f"router.sync endpoints are ZeroMQ addresses (tcp://HOST:PORT), got {endpoint!r}")
         if not self.choices_per_s > 0 or self.choice_burst < 1:
             raise ValueError("router.sync.choices_per_s must be > 0 and choice_burst >= 1")
+        if not 0 <= self.turn_s <= 1:
+            raise ValueError(f"router.sync.turn_s must be between 0 and 1 second, got {self.turn_s}")
 
 
 @dataclass(slots=True)

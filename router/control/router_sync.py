@@ -43,6 +43,7 @@ from kvmesh.router.control.sync_wire import (
     encode_choices,
     key_check,
 )
+from kvmesh.router.control.turns import turn_wait_s
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
@@ -88,6 +89,10 @@ class RouterSync:
         """Other routers' choices for a replica not in this router's set (not yet, or no longer)."""
         self.overflow = 0
         """Other routers' choices dropped while ``MAX_PENDING`` waited for the loop."""
+        self.turn_waits = 0
+        """Requests that waited for this router's turn to decide (turns.py)."""
+        self.turn_wait_seconds = 0.0
+        """Seconds those requests waited, in all."""
         self._peers: dict[str, SyncPeer] = {}
         self._wanted: tuple[str, ...] = tuple(config.peers)
         self._changed = threading.Event()
@@ -152,11 +157,26 @@ class RouterSync:
     def peers(self) -> tuple[str, ...]:
         return self._wanted
 
+    def turn_wait(self, now: float | None = None) -> float:
+        """Seconds a request that reached this router at ``now`` (the wall clock, which the routers' hosts share)
+        waits for its turn to decide (turns.py: its rank among its own and the followed endpoints, in their order;
+        within the first half of its turn it goes at once). 0 without turns, peers or a bound endpoint."""
+        me, wanted, turn_s = self.endpoint, self._wanted, self.config.turn_s
+        if me is None or not wanted or turn_s <= 0:
+            return 0.0
+        ring = sorted({me, *wanted})
+        wait = turn_wait_s(time.time() if now is None else now, turn_s, ring.index(me), len(ring), turn_s / 2)
+        if wait > 0:
+            self.turn_waits += 1
+            self.turn_wait_seconds += wait
+        return wait
+
     def counters(self) -> dict[str, object]:
         """What the stream did: this router's choices sent and dropped, the others' applied and dropped, and per
         peer endpoint its counters (any thread)."""
         return {"endpoint": self.endpoint, "published": self.published, "send_dropped": self.send_dropped,
                 "applied": self.applied, "unknown_replica": self.unknown_replica, "overflow": self.overflow,
+                "turn_waits": self.turn_waits, "turn_wait_seconds": self.turn_wait_seconds,
                 "peers": {p.endpoint: p.counters() for p in list(self._peers.values())}}
 
     def close(self) -> None:

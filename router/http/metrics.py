@@ -149,10 +149,12 @@ def _per_replica(name: str, help_text: str, by_replica: dict[str, dict[str, int]
 def _sync_family(sync: dict) -> CounterMetricFamily:
     """The sync stream's counters: this router's (peer "") and each other router's it follows (peer: its endpoint)."""
     family = CounterMetricFamily("kvmesh_router_sync", "Choices on the stream between routers: published, "
-                                 "send_dropped, applied, unknown_replica, overflow (this router's, peer \"\"); per "
-                                 "peer followed: choices, bad_frames, refused, foreign_keys",
-                                 labels=["peer", "counter"])
-    for key in ("published", "send_dropped", "applied", "unknown_replica", "overflow"):
+                                 "send_dropped, applied, unknown_replica, overflow, and the requests that waited for "
+                                 "this router's turn to decide and the seconds they waited (turn_waits, "
+                                 "turn_wait_seconds; this router's, peer \"\"); per peer followed: choices, "
+                                 "bad_frames, refused, foreign_keys", labels=["peer", "counter"])
+    for key in ("published", "send_dropped", "applied", "unknown_replica", "overflow", "turn_waits",
+                "turn_wait_seconds"):
         family.add_metric(["", key], sync[key])
     for endpoint, counters in sync["peers"].items():
         for key, value in counters.items():

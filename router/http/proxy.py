@@ -18,6 +18,7 @@ asks for ``"return_token_ids": true``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -64,9 +65,12 @@ class Forwarder:
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: HttpRequest, path: str, chat: bool) -> Response:
-        """Answer one request (an ``HttpRequest``): read, admit (admission_gate.py), forward. A client that leaves
+        """Answer one request (an ``HttpRequest``): read, wait for its router's turn to decide when the service's
+        routers take turns (router/control/turns.py), admit (admission_gate.py), forward. A client that leaves
         cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
         request, gate = await self.reader.read(http, path, chat), self.plane.admission
+        if self.plane.turn is not None and (wait := self.plane.turn()) > 0:
+            await asyncio.sleep(wait)
         if gate is None:
             return await self.forward(request)
         admitted = await gate.admit(http, request)

@@ -237,3 +237,32 @@ async def test_a_hostile_peer_is_refused_and_bounded_while_the_loop_keeps_its_pa
 def _peer(sync: RouterSync) -> dict[str, int]:
     (counters,) = sync.counters()["peers"].values()
     return counters
+
+
+async def test_routers_that_follow_each_other_take_turns_by_their_endpoints_order():
+    """Each ranks its own and the followed endpoints alike (router/control/turns.py): at any instant the two wait for
+    different turns, a turn apart at least; alone (no peer) a router waits for no one. Waits show on /metrics."""
+    seed = key_seed(INTERNAL_KEY)
+    loop = asyncio.get_running_loop()
+    turn = SyncConfig().turn_s
+    sync_a = RouterSync(_router(seed), SyncConfig(bind="tcp://127.0.0.1:0"), SubscriberConfig(), MAX_KEYS, loop)
+    sync_a.start()
+    sync_b = RouterSync(_router(seed), SyncConfig(bind="tcp://127.0.0.1:0", peers=(sync_a.endpoint,)),
+                        SubscriberConfig(), MAX_KEYS, loop).start()
+    try:
+        assert sync_a.turn_wait(100.0) == 0.0  # no peer yet
+        sync_a.set_peers([sync_b.endpoint, sync_a.endpoint])  # its own endpoint among them is skipped
+        first = min((sync_a, sync_b), key=lambda s: s.endpoint)
+        for i in range(50):
+            now = 100.0 + i * 0.00013
+            at_a, at_b = now + sync_a.turn_wait(now), now + sync_b.turn_wait(now)
+            assert abs(at_a - at_b) >= turn / 2 - 1e-9 and max(at_a, at_b) - now <= 2 * turn + 1e-9
+        start = turn * 4000  # an even turn's start: the first's
+        assert first.turn_wait(start) == 0.0 and (sync_b if first is sync_a else sync_a).turn_wait(start) > 0
+        counters = sync_a.counters()
+        assert counters["turn_waits"] > 0 and counters["turn_wait_seconds"] > 0
+        samples = {(m.labels["peer"], m.labels["counter"]) for m in _sync_family(counters).samples}
+        assert ("", "turn_waits") in samples
+    finally:
+        sync_b.close()
+        sync_a.close()

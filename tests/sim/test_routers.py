@@ -257,16 +257,6 @@ def test_taking_turns_routers_decide_one_after_another_each_told_the_earlier_one
     assert seen_blind == [0, 0, 0, 0]
 
 
-def test_a_routers_next_turn():
-    from kvmesh.cluster.measure.sim.loop import next_turn
-
-    assert next_turn(0.0, 0.002, 0, 4) == 0.0 and next_turn(0.0, 0.002, 3, 4) == pytest.approx(0.006)
-    assert next_turn(0.0001, 0.002, 0, 4) == pytest.approx(0.008)  # just missed its turn: a whole round later
-    assert next_turn(0.0031, 0.002, 1, 4) == pytest.approx(0.010) and next_turn(0.0031, 0.002, 2, 4) == \
-        pytest.approx(0.004)
-    assert next_turn(1.0, 0.002, 1, 4) == pytest.approx(1.002)  # 1 s is turn 500, router 0's
-
-
 @pytest.mark.parametrize("bad", [{"router_turn_s": -0.001, "router_sync": True, "published_loads": True},
                                  {"router_turn_s": 0.002},
                                  {"router_turn_s": 0.001, "router_sync": True, "published_loads": True}])

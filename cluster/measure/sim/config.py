@@ -123,11 +123,11 @@ class SimConfig:
     until the replica's published load acknowledges it, and predict its blocks there."""
     sync_lag_s: float = 0.001
     """Seconds from a router's choice to the others applying it (publish, network, their loop's turn)."""
-    router_turn_s: float = 0.0
-    """With ``router_sync``: the routers take turns of this many seconds to decide, router k of N at the start of
-    the turns numbered k mod N (on one clock), so no two decide within a turn of each other and each has been told
-    the others' choices (more than ``sync_lag_s``); a request waits for its router's next turn, the wait counted in
-    its TTFT. 0: every router decides as a request arrives."""
+    router_turn_s: float | None = None
+    """With ``router_sync``: the routers take turns of this many seconds to decide (router/control/turns.py), router
+    k of N at the start of the turns numbered k mod N, so no two decide within a turn of each other and each has been
+    told the others' choices (more than ``sync_lag_s``); a request waits for its router's next turn, the wait counted
+    in its TTFT. None: the router's own (``router.sync.turn_s``); 0: every router decides as a request arrives."""
     share_sessions: bool = False
     """With several routers: a session pin made by one router is made in all (one shared session
     table); without it each router pins only the turns it routed, and its pins go stale."""
@@ -156,6 +156,14 @@ class SimConfig:
     policy that does not price; such a head is shed only when its deadline passes).
     BENCHMARKS.md, "Overload in the simulator"."""
 
+    @property
+    def turn_s(self) -> float:
+        """The turns the simulated routers take (``router_turn_s``, else the router's own with ``router_sync``; 0
+        without the sync stream or with admission, which routes when it lets a request go)."""
+        if not self.router_sync or self.admission:
+            return 0.0
+        return self.router.sync.turn_s if self.router_turn_s is None else self.router_turn_s
+
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1 (replicas that decode), got {self.num_replicas}")
@@ -181,9 +189,9 @@ class SimConfig:
                              "acknowledges it: it needs published_loads")
         if not self.sync_lag_s >= 0:
             raise ValueError(f"sync_lag_s must be >= 0 seconds, got {self.sync_lag_s}")
-        if not self.router_turn_s >= 0:
+        if self.router_turn_s is not None and not self.router_turn_s >= 0:
             raise ValueError(f"router_turn_s must be >= 0 seconds, got {self.router_turn_s}")
-        if self.router_turn_s > 0 and (not self.router_sync or self.admission or self.router_turn_s <= self.sync_lag_s):
+        if self.router_turn_s and (not self.router_sync or self.admission or self.router_turn_s <= self.sync_lag_s):
             raise ValueError("router_turn_s gives the routers turns to decide in, each told the others' choices before "
                              "its turn: it needs router_sync, a turn longer than sync_lag_s, and is not modelled with "
                              "admission")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -39,6 +38,7 @@ from kvmesh.cluster.measure.sim.sim_run import SimRun
 from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.events.schema import KVEvent
+from kvmesh.router.control.turns import turn_wait_s
 
 STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT, LOAD, LOAD_DUE, DECIDE = range(10)
 _RECURRING = (POLL, FLEET_TIMER)
@@ -162,9 +162,9 @@ class Simulation:
             if req.shed_reason is not None:
                 req.all_token_ids = []
             return
-        turn, n = self.config.router_turn_s, len(self.router.routers)
+        turn, n = self.config.turn_s, len(self.router.routers)
         k = self.router.pick_router() if turn > 0 and n > 1 else None  # a router alone has no one to wait for
-        at = req.arrival_s if k is None else next_turn(req.arrival_s, turn, k, n)
+        at = req.arrival_s if k is None else req.arrival_s + turn_wait_s(req.arrival_s, turn, k, n)
         if at > req.arrival_s:
             self._deciding += 1
             self.push(at, DECIDE, (req, k))
@@ -298,12 +298,6 @@ class Simulation:
         unfinished = [r.request_id for r in requests if r.finished_s < 0 and r.shed_reason is None]
         if unfinished:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
-
-
-def next_turn(t: float, turn_s: float, k: int, n: int) -> float:
-    """When router ``k`` of ``n`` next decides at or after ``t``: the start of the next turn numbered k mod n."""
-    first = math.ceil(t / turn_s - 1e-9)
-    return (first + (k - first) % n) * turn_s
 
 
 def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
