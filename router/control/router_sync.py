@@ -165,11 +165,19 @@ class RouterSync:
         if me is None or not wanted or turn_s <= 0:
             return 0.0
         ring = sorted({me, *wanted})
-        wait = turn_wait_s(time.time() if now is None else now, turn_s, ring.index(me), len(ring), turn_s / 2)
-        if wait > 0:
-            self.turn_waits += 1
-            self.turn_wait_seconds += wait
-        return wait
+        return turn_wait_s(time.time() if now is None else now, turn_s, ring.index(me), len(ring), turn_s / 2)
+
+    async def take_turn(self) -> None:
+        """Wait for this router's turn to decide (``turn_wait``), counted; a timer that fires early (the event loop's
+        are to the millisecond) waits again for the rest, so the decision is not made in another router's turn."""
+        wait = self.turn_wait()
+        if wait <= 0:
+            return
+        self.turn_waits += 1
+        self.turn_wait_seconds += wait
+        start = time.time() + wait
+        while (left := start - time.time()) > 0:
+            await asyncio.sleep(left)
 
     def counters(self) -> dict[str, object]:
         """What the stream did: this router's choices sent and dropped, the others' applied and dropped, and per

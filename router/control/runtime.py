@@ -158,7 +158,7 @@ class RouterRuntime:
             self.add_replica(spec)
         context = self.tokenizer.max_model_len if self.tokenizer is not None else None
         self.sync = RouterSync.started(self.router, self.config, context, self._loop)
-        self.plane.turn = self.sync.turn_wait if self.sync is not None else None
+        self.plane.turn = self.sync.take_turn if self.sync is not None else None
         await self.probes.probe_all()
         self.probes.start_polling()
         self.quota = fleet_quota(self.admission, self.config.responses)

@@ -60,6 +60,6 @@ class DataPlane:
     """Load the pool's adapter on the replica when it lacks it (AdapterLoadError: it did not load)."""
     pool: UpstreamPool | None = None
     """Keep-alive connections to the replicas carrying the proxied requests (None until the router starts)."""
-    turn: Callable[[], float] | None = None
-    """Seconds a request waits before it is routed, for this router's turn among the service's routers
-    (``RouterSync.turn_wait``, router/control/turns.py); None: routed at once."""
+    turn: Callable[[], Awaitable[None]] | None = None
+    """Waits for this router's turn to decide among the service's routers before a request is routed
+    (``RouterSync.take_turn``, router/control/turns.py); None: routed at once."""

@@ -18,7 +18,6 @@ asks for ``"return_token_ids": true``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -69,8 +68,8 @@ class Forwarder:
         routers take turns (router/control/turns.py), admit (admission_gate.py), forward. A client that leaves
         cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
         request, gate = await self.reader.read(http, path, chat), self.plane.admission
-        if self.plane.turn is not None and (wait := self.plane.turn()) > 0:
-            await asyncio.sleep(wait)
+        if self.plane.turn is not None:
+            await self.plane.turn()
         if gate is None:
             return await self.forward(request)
         admitted = await gate.admit(http, request)

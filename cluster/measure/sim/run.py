@@ -153,4 +153,5 @@ def _config_dict(config: SimConfig) -> dict:
     e, r = config.engine, config.router
     return d | {"block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens,
                 "max_num_seqs": e.max_num_seqs, "predict_ttl_s": r.predict_ttl_s, "session_ttl_s": r.sessions.ttl_s,
-                "cost": asdict(config.cost), "lora": asdict(config.lora)}
+                "cost": asdict(config.cost), "lora": asdict(config.lora),
+                "router_turn_s": config.turn_s}  # the turns taken: the router's own unless set

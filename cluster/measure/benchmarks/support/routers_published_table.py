@@ -42,8 +42,11 @@ def _view(config: dict) -> str:
     if config.get("published_loads"):
         every, lag = config["load_publish_interval_s"], config["load_publish_lag_s"]
         told = 1e3 * config.get("sync_lag_s", 0.0)
+        turn = 1e3 * (config.get("router_turn_s") or 0.0)
+        turns = (f"; the routers take turns of {turn:g} ms to decide, each request waiting for its router's"
+                 if turn else "")
         synced = (f", and the other routers' requests and the blocks they predicted there, told {told:g} ms after each "
-                  f"was sent (router sync)") if config.get("router_sync") else ""
+                  f"was sent (router sync{turns})") if config.get("router_sync") else ""
         return (f"Each router's view of a replica: a request it accepted published at once and a step's change within "
                 f"{every * 1e3:.0f} ms, read {lag * 1e3:.0f} ms later, plus its own requests the replica had not "
                 f"counted then{synced}.")
