@@ -119,11 +119,12 @@ def test_a_replica_cannot_make_the_router_hold_more_than_max_source_blocks():
         await runtime.start()
         try:
             stats = runtime.subscriber.stats
-            assert await wait_for(lambda: "r" in stats and stats["r"].snapshots == 1)
+            assert await wait_for(lambda: "r" in stats and stats["r"].snapshots >= 1), stats.get("r")
             assert await wait_for(lambda: pub.subscribers >= 1)
             for i in range(8):
                 pub.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
-            assert await wait_for(lambda: runtime.subscriber.stats["r"].apply_errors == 3)
+            # the three stores past the limit refused (a resync's snapshot, of all eight, would be refused too)
+            assert await wait_for(lambda: runtime.subscriber.stats["r"].apply_errors >= 3), stats.get("r")
             assert runtime.router.index.num_blocks("r") == 5
         finally:
             await runtime.stop()
