@@ -226,6 +226,15 @@ def soak_table(result: dict) -> str:
 RENDERERS["soak"] = soak_table  # kvmesh bench soak: each process's memory over half an hour of mixed traffic
 
 
+def sync_lag_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.sync_lag import table
+
+    return table(result)
+
+
+RENDERERS["sync_lag"] = sync_lag_table  # kvmesh bench sync_lag: from one router's choice to another applying it
+
+
 def render(text: str, root: Path) -> tuple[str, list[str]]:
     """``text`` with every table block regenerated from its file under ``root``, and the blocks that changed."""
     changed: list[str] = []
