@@ -271,3 +271,25 @@ async def test_routers_that_follow_each_other_take_turns_by_their_endpoints_orde
     finally:
         sync_b.close()
         sync_a.close()
+
+
+async def test_a_request_cancelled_while_it_waits_for_its_turn_leaves_nothing_behind():
+    """A client that leaves during the wait (the door cancels its coroutine): the wait ends at once, nothing was booked
+    and nothing is sent; the next request waits as any does."""
+    seed = key_seed(INTERNAL_KEY)
+    loop = asyncio.get_running_loop()
+    router = _router(seed)
+    sync = RouterSync(router, SyncConfig(bind="tcp://127.0.0.1:0", peers=("tcp://127.0.0.1:9",), turn_s=0.5),
+                      SubscriberConfig(), MAX_KEYS, loop).start()
+    try:
+        while sync.turn_wait() < 0.2:  # a wait long enough to cancel inside
+            await asyncio.sleep(0.05)
+        waiting = asyncio.ensure_future(sync.take_turn())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert sync.counters()["published"] == 0
+        assert all(load.in_flight == 0 and load.unacked_requests == 0 for load in router.loads.loads.values())
+    finally:
+        sync.close()
