@@ -43,10 +43,11 @@ from kvmesh.router.control.turns import turn_wait_s
 STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT, LOAD, LOAD_DUE, DECIDE = range(10)
 _RECURRING = (POLL, FLEET_TIMER)
 
-Payload = tuple[SimReplica, int] | tuple[str, list[KVEvent]] | tuple[SimReplica, SimRequest] | str | None
+Payload = (tuple[SimReplica, int] | tuple[str, list[KVEvent]] | tuple[SimReplica, SimRequest] | tuple[SimRequest, int]
+           | str | None)
 """What an event carries: (replica, version) of a step end, (replica id, events) of a delivery, a
-router's index (poll), (replica, request) of a move, or a fleet's own (``AutoscaledFleet``: a joining
-replica's id, None for a tick)."""
+router's index (poll), (replica, request) of a move, (request, its router) of a decision in that router's turn, or a
+fleet's own (``AutoscaledFleet``: a joining replica's id, None for a tick)."""
 
 
 class FleetPolicy(Protocol):
