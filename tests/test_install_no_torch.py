@@ -8,8 +8,8 @@ stub replica written here with the standard library only.
 from __future__ import annotations
 
 import json
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -63,10 +63,8 @@ def _run(*argv, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LISTENING = re.compile(r"kvmesh-router listening on http://127\.0\.0\.1:(\d+)")
+"""The router's line once it serves (router/control/router_server.py), with the port it bound."""
 
 
 @pytest.fixture(scope="module")
@@ -110,30 +108,40 @@ def test_router_help_and_version_work_without_torch(venv):
 def test_routed_request_reaches_a_replica_without_torch(venv):
     stub = ThreadingHTTPServer(("127.0.0.1", 0), StubReplica)
     threading.Thread(target=stub.serve_forever, daemon=True).start()
-    port = _free_port()
-    router = subprocess.Popen([str(venv / "bin" / "kvmesh"), "router", "--port", str(port), "--served-model-name",
+    # --port 0: the router binds a port of its own and says which (a port picked here could be bound by another
+    # test's process before the router starts, and answered by it)
+    router = subprocess.Popen([str(venv / "bin" / "kvmesh"), "router", "--port", "0", "--served-model-name",
                                "stub", "--replica", f"http://127.0.0.1:{stub.server_port}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(router.stdout.readline, "")), daemon=True)
+    reader.start()
     try:
         body = json.dumps({"model": "stub", "prompt": "Once upon a time", "max_tokens": 3}).encode()
         answer, deadline = None, time.monotonic() + 60
         while answer is None and time.monotonic() < deadline and router.poll() is None:
+            port = next((m.group(1) for line in list(lines) if (m := LISTENING.search(line))), None)
+            if port is None:
+                time.sleep(0.3)
+                continue
             request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                              headers={"content-type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=10) as response:
                     answer = json.loads(response.read())
-            except OSError:  # not listening yet, or no healthy replica yet (503)
+            except OSError:  # no healthy replica yet (503)
                 time.sleep(0.3)
-        assert answer is not None, f"router never answered; exit {router.poll()}"
+        assert answer is not None, f"router never answered; exit {router.poll()}; its output: {''.join(lines)}"
         assert answer["choices"][0]["text"] == " from the stub"
         assert StubReplica.seen and StubReplica.seen[-1]["prompt"] == "Once upon a time"
     finally:
         router.terminate()
         try:
-            output = router.communicate(timeout=20)[0]
+            router.wait(timeout=20)
         except subprocess.TimeoutExpired:
             router.kill()
-            output = router.communicate()[0]
+            router.wait()
+        reader.join(timeout=10)
         stub.shutdown()
+    output = "".join(lines)
     assert "Traceback" not in output, output
