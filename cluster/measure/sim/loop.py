@@ -1,20 +1,8 @@
 """The simulator's discrete-event loop: arrivals -> router (real index + policy) -> simulated replicas,
 with the replicas' KV events flowing back into the index as they happen (optionally delayed).
 
-Events are ordered by (time, insertion order) so runs are deterministic:
-
-- arrival: tokenize (token ids per hash id), compute router keys, match, choose, enqueue;
-- step end: a replica finishes a step (or a stretch of decode steps), frees finished requests,
-  plans its next step;
-- event delivery: a batch of a replica's BlockStored/BlockRemoved reaches the index;
-- load poll (``load_poll_s > 0``): one router reads every replica's ``/load``; the routers' polls
-  are staggered over the interval;
-- fleet timer / fleet event: the fleet policy's own (``FixedFleet`` has none; the autoscaler's
-  ticks and replica joins, ``scaling.AutoscaledFleet``);
-- moved: a request whose KV transfer ended joins its replica's queue (a peer pull at arrival, or a split's
-  hand-off when its prefill leg finished on the prefill replica; sim/transfer.py).
-- admit (``admission``): a waiter's deadline came due in the router's admission queue (sim/admission.py),
-  which is also pumped at every arrival and step end; a request it sheds is never served.
+Events are ordered by (time, insertion order) so runs are deterministic; their kinds, and what each carries, are in
+sim/event_kinds.py.
 
 The run ends when every request has arrived and no event but a recurring timer is left; a request
 still unfinished then is an error.
@@ -28,8 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from kvmesh.cluster.measure.sim import event_kinds as kinds
 from kvmesh.cluster.measure.sim.admission import make_admission
 from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.event_kinds import Payload
 from kvmesh.cluster.measure.sim.lora import ModelPools
 from kvmesh.cluster.measure.sim.published import SimLoadPublishing
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
@@ -37,17 +27,7 @@ from kvmesh.cluster.measure.sim.router import SimRouter
 from kvmesh.cluster.measure.sim.sim_run import SimRun
 from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
-from kvmesh.events.schema import KVEvent
 from kvmesh.router.control.turns import turn_wait_s
-
-STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT, LOAD, LOAD_DUE, DECIDE = range(10)
-_RECURRING = (POLL, FLEET_TIMER)
-
-Payload = (tuple[SimReplica, int] | tuple[str, list[KVEvent]] | tuple[SimReplica, SimRequest] | tuple[SimRequest, int]
-           | str | None)
-"""What an event carries: (replica, version) of a step end, (replica id, events) of a delivery, a
-router's index (poll), (replica, request) of a move, (request, its router) of a decision in that router's turn, or a
-fleet's own (``AutoscaledFleet``: a joining replica's id, None for a tick)."""
 
 
 class FleetPolicy(Protocol):
@@ -125,7 +105,7 @@ class Simulation:
         do not publish their load."""
 
     def push(self, at: float, kind: int, payload: Payload) -> None:
-        if kind not in _RECURRING:
+        if kind not in kinds.RECURRING:
             self._pending += 1
         heapq.heappush(self._heap, (at, next(self._order), kind, payload))
 
@@ -143,13 +123,13 @@ class Simulation:
         if self.config.event_delay_s == 0:
             self.router.apply(rep.replica_id, events)
         else:
-            self.push(now + self.config.event_delay_s, EVENTS, (rep.replica_id, events))
+            self.push(now + self.config.event_delay_s, kinds.EVENTS, (rep.replica_id, events))
 
     def start(self, rep: SimReplica, now: float) -> None:
         step = rep.schedule(now)
         self.flush(rep, now)  # allocation stores blocks and may evict others
         if step is not None:
-            self.push(step.end_s, STEP_END, (rep, rep.version))
+            self.push(step.end_s, kinds.STEP_END, (rep, rep.version))
 
     def busy(self) -> bool:
         return self._next_arrival < len(self.requests) or self._moving > 0 or self._deciding > 0 or any(
@@ -168,12 +148,12 @@ class Simulation:
         at = req.arrival_s if k is None else req.arrival_s + turn_wait_s(req.arrival_s, turn, k, n)
         if at > req.arrival_s:
             self._deciding += 1
-            self.push(at, DECIDE, (req, k))
+            self.push(at, kinds.DECIDE, (req, k))
         else:
             self.dispatch(req, at, k)
 
     def wake_at(self, at: float) -> None:
-        self.push(at, ADMIT, None)
+        self.push(at, kinds.ADMIT, None)
 
     def dispatch(self, req: SimRequest, now: float, router: int | None = None) -> None:
         """Route ``req`` at ``now`` (its arrival, its router's turn, or when admission let it go) through simulated
@@ -199,12 +179,12 @@ class Simulation:
         else:
             new_end = rep.interrupt(now)
             if new_end is not None:
-                self.push(new_end, STEP_END, (rep, rep.version))
+                self.push(new_end, kinds.STEP_END, (rep, rep.version))
 
     def move(self, rep: SimReplica, req: SimRequest, at: float) -> None:
         """``req`` joins ``rep``'s queue at ``at``, when its KV transfer ends."""
         self._moving += 1
-        self.push(at, MOVED, (rep, req))
+        self.push(at, kinds.MOVED, (rep, req))
 
     def step_end(self, rep: SimReplica, version: int, now: float) -> None:
         if version != rep.version:
@@ -242,11 +222,11 @@ class Simulation:
         if wait is None:
             return
         if wait > 0:
-            self.push(now + wait, LOAD_DUE, rep)
+            self.push(now + wait, kinds.LOAD_DUE, rep)
             return
         update = publishing.update(rep, now, rep.num_steps, force)
         if update is not None:
-            self.push(now + self.config.load_publish_lag_s, LOAD, (rep.replica_id, update))
+            self.push(now + self.config.load_publish_lag_s, kinds.LOAD, (rep.replica_id, update))
 
     def _schedule_polls(self) -> None:
         if self.requests:  # a replica's first update: empty (routers book on it from then on)
@@ -256,7 +236,7 @@ class Simulation:
         if poll > 0 and self.requests:
             t0 = self.requests[0].arrival_s
             for k in range(n):
-                self.push(t0 + poll * k / n, POLL, k)
+                self.push(t0 + poll * k / n, kinds.POLL, k)
 
     def run(self, progress: Callable[[int], None] | None = None) -> None:
         self._schedule_polls()
@@ -272,28 +252,28 @@ class Simulation:
                     progress(1)
                 continue
             now, _, kind, payload = heapq.heappop(heap)
-            if kind not in _RECURRING:
+            if kind not in kinds.RECURRING:
                 self._pending -= 1
-            if kind == STEP_END:
+            if kind == kinds.STEP_END:
                 self.step_end(*payload, now)
-            elif kind == EVENTS:
+            elif kind == kinds.EVENTS:
                 self.router.apply(*payload)
-            elif kind == LOAD:
+            elif kind == kinds.LOAD:
                 self.router.apply_load(*payload, now)
-            elif kind == LOAD_DUE:
+            elif kind == kinds.LOAD_DUE:
                 self.publish_load(payload, now, due=True)
-            elif kind == MOVED:
+            elif kind == kinds.MOVED:
                 self._moving -= 1
                 self.enqueue(*payload, now)
-            elif kind == DECIDE:
+            elif kind == kinds.DECIDE:
                 self._deciding -= 1
                 self.dispatch(payload[0], now, payload[1])
-            elif kind == ADMIT:
+            elif kind == kinds.ADMIT:
                 self.admission.pump(now, expire=True)
-            elif kind == POLL:
+            elif kind == kinds.POLL:
                 self.router.poll(payload, self.replicas, now)
                 if self.busy():
-                    self.push(now + self.config.load_poll_s, POLL, payload)
+                    self.push(now + self.config.load_poll_s, kinds.POLL, payload)
             else:
                 self.fleet.on_event(self, now, kind, payload)
         unfinished = [r.request_id for r in requests if r.finished_s < 0 and r.shed_reason is None]

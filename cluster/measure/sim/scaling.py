@@ -27,7 +27,8 @@ from dataclasses import replace
 from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.cluster.fleet.autoscaler import Autoscaler, cheapest_to_lose
 from kvmesh.cluster.measure.sim.config import SimConfig
-from kvmesh.cluster.measure.sim.loop import FLEET_EVENT, FLEET_TIMER, Payload, Simulation, run_policy
+from kvmesh.cluster.measure.sim.event_kinds import FLEET_EVENT, FLEET_TIMER, Payload
+from kvmesh.cluster.measure.sim.loop import Simulation, run_policy
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.report import summarize
 from kvmesh.cluster.measure.sim.sim_run import SimRun
