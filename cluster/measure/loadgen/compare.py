@@ -116,6 +116,19 @@ async def _model_id(url: str, api_key: str | None) -> str | None:
         return None
 
 
+async def _server_info(url: str, api_key: str | None) -> dict:
+    """A replica's ``GET /server_info`` (its block size and context); empty where it has none."""
+    from kvmesh.cluster.measure.loadgen.client import HTTP_ERRORS, get_json, open_session
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with open_session(url, headers, total_s=5.0) as client:
+            status, body = await get_json(client, "/server_info")
+    except HTTP_ERRORS:
+        return {}
+    return body if status == 200 and isinstance(body, dict) else {}
+
+
 async def _wait_healthy(url: str, timeout_s: float = 30.0) -> None:
     from kvmesh.cluster.measure.loadgen.client import HTTP_ERRORS, open_session
 
@@ -202,7 +215,9 @@ async def _compare_routers(args: argparse.Namespace) -> dict:
         raise ValueError("--router needs --launch-replicas N or --replica specs, and --router-model")
     specs = tuple(ReplicaSpec.parse(s) for s in args.replica)
     name = await _model_id(specs[0].url, config.endpoint.api_key) or args.router_model
-    fleet = LiveFleet(specs, args.router_model, name, args.block_size or 16)
+    info = await _server_info(specs[0].url, config.endpoint.api_key)
+    fleet = LiveFleet(specs, args.router_model, name, args.block_size or int(info.get("block_size") or 16),
+                      info.get("max_model_len"))
     return await compare_routers(args, config, fleet, args.router, workloads)
 
 

@@ -44,14 +44,15 @@ async def _tokens_per_word(config: BenchLoadConfig, fleet: LiveFleet) -> BenchLo
 
 async def _warm_up(config: BenchLoadConfig, fleet: LiveFleet, workload: str, num_requests: int = 16) -> None:
     """The first requests of ``workload`` sent straight to every replica and forgotten: a replica's first steps are
-    slower (allocations, first calls), which would fall on whichever router ran first."""
+    slower (allocations, first calls), which would fall on whichever router ran first. The replicas warm up
+    side by side (a fleet of emulated replicas with second-long prefills would take minutes one by one)."""
     from kvmesh.cluster.measure.loadgen.load import run_bench
 
-    for spec in fleet.replicas:
-        run = replace(config, endpoint=replace(config.endpoint, url=spec.url),
-                      workload=replace(config.workload, workload=workload, num_requests=num_requests),
-                      load=replace(config.load, mode="closed", concurrency=4))
-        await run_bench(run, f"warm-up {spec.replica_id}", progress=False)
+    runs = [run_bench(replace(config, endpoint=replace(config.endpoint, url=spec.url),
+                              workload=replace(config.workload, workload=workload, num_requests=num_requests),
+                              load=replace(config.load, mode="closed", concurrency=4)),
+                      f"warm-up {spec.replica_id}", progress=False) for spec in fleet.replicas]
+    await asyncio.gather(*runs)
 
 
 async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fleet: LiveFleet,
@@ -87,9 +88,10 @@ async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fle
 
 def _line(row: dict) -> str:
     s = row["summary"]
+    ttft = s["ttft_s"]
+    timing = f"TTFT mean {ttft['mean']:.3f} s  p50 {ttft['p50']:.3f} s" if ttft["mean"] is not None else "no TTFT"
     return (f"  round {row['round']} {row['workload']:<10} {row['router']:<22} "
-            f"cached {100 * s['cached_token_share']:5.1f}%"
-            f"  TTFT mean {s['ttft_s']['mean']:.3f} s  p50 {s['ttft_s']['p50']:.3f} s  errors {s['errors']}")
+            f"cached {100 * s['cached_token_share']:5.1f}%  {timing}  errors {s['errors']}")
 
 
 def _figures(row: dict) -> dict[str, float]:

@@ -30,7 +30,8 @@ def launched_replicas(n: int, model: str, extra_args: str = "", timeout_s: float
         specs = tuple(ReplicaSpec(url=e["http_url"], events=e.get("events_endpoint"), replay=e.get("replay_endpoint"),
                                   replica_id=f"replica-{i}") for i, e in enumerate(ends))
         names = ends[0]["served_model_name"]
-        yield LiveFleet(specs, model, names[0] if isinstance(names, list) else names, int(ends[0]["block_size"]))
+        yield LiveFleet(specs, model, names[0] if isinstance(names, list) else names, int(ends[0]["block_size"]),
+                        ends[0].get("max_model_len"))
     finally:
         stop_processes(procs, 15)
 

@@ -27,7 +27,7 @@ from kvmesh.router.config import ReplicaSpec
 ROOT = Path(__file__).resolve().parents[3]
 PEER_EXECUTABLES = {"vllm-router": "vllm-router", "sglang-router": "sglang-router"}
 """A peer's name -> its executable in its virtualenv."""
-ROUTER_NAMES = ("kvmesh", "vllm-router", "vllm-router:kv_aware", "sglang-router")
+ROUTER_NAMES = ("kvmesh", "vllm-router", "vllm-router:kv_aware", "vllm-router:round_robin", "sglang-router")
 """The routers ``--router`` names (``kvmesh:POLICY`` names kvmesh's router at another policy)."""
 
 
@@ -43,6 +43,9 @@ class LiveFleet:
     """The name the replicas serve under (vllm-router's ``--kv-event-model``)."""
     block_size: int
     """The replicas' KV block size."""
+    max_model_len: int | None = None
+    """The replicas' context (``/server_info``), given to kvmesh's router: its tokenizer's own context would refuse
+    longer prompts the replicas serve."""
 
 
 def peers_dir(given: str | None) -> Path:
@@ -73,6 +76,7 @@ def router_command(name: str, fleet: LiveFleet, folder: Path) -> list[str]:
     if base == "kvmesh":
         cmd = [sys.executable, "-m", "kvmesh.cluster.cli", "router", "--model", fleet.model, "--host", "127.0.0.1",
                "--block-size", str(fleet.block_size), "--log-level", "warning"]
+        cmd += ["--max-model-len", str(fleet.max_model_len)] if fleet.max_model_len else []
         for s in fleet.replicas:
             cmd += ["--replica", ",".join([s.url] + [f"{k}={v}" for k, v in (("events", s.events),
                                                                               ("replay", s.replay)) if v])]
