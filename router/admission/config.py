@@ -60,12 +60,18 @@ class AdmissionConfig:
     slots_ttl_s: float = 30.0
     """Without a predicted TTFT, a replica's slots are what it ran while it reported waiting requests; trusted this
     long, then learned again (its /load's waiting requests)."""
+    lookahead: int = 8
+    """Waiters the queue looks at each time room may have changed: when the head must wait for its replica, the
+    first one after it that the gate lets go and that goes to another replica (none a waiter ahead of it waits for)
+    goes first, so a busy replica holds back only the requests routed to it. 1: strictly in order."""
     recheck_interval_s: float = 0.02
     """Seconds between looks at the replicas' room while requests wait (also woken by each request's end)."""
 
     def __post_init__(self) -> None:
         if self.max_queued < 0:
             raise ValueError(f"admission max_queued must be >= 0 (0: never wait), got {self.max_queued}")
+        if self.lookahead < 1:
+            raise ValueError(f"admission lookahead must be >= 1 waiter (1: strictly in order), got {self.lookahead}")
         for name, value in (("admit_ttft_s", self.admit_ttft_s), ("burst_s", self.burst_s),
                             ("fair_share_half_life_s", self.fair_share_half_life_s),
                             ("recheck_interval_s", self.recheck_interval_s), ("slots_ttl_s", self.slots_ttl_s)):

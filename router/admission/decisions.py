@@ -171,6 +171,11 @@ class Admission:
             return None
         return queue.head(functools.partial(self.ledger.usage, now=now))  # queue -> ledger, never back here
 
+    def in_order(self, model: str, now: float, limit: int) -> list[Waiter]:
+        """Up to ``limit`` of ``model``'s waiters in about the order they are served (``head`` first)."""
+        queue = self.queues.get(model)
+        return queue.in_order(functools.partial(self.ledger.usage, now=now), limit) if queue else []
+
     def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float,
              idle: bool = False, predicted_wait_s: float | None = None) -> str | Shed:
         """GO, WAIT or Shed for the head ``waiter``: ``predicted_ttft_s`` on its best replica (None: not priced),

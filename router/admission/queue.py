@@ -96,6 +96,22 @@ class AdmissionQueue:
         tenant = min(band, key=lambda name: (usage(name), band[name][0].seq))
         return band[tenant][0]
 
+    def in_order(self, usage: Callable[[str], float], limit: int) -> list[Waiter]:
+        """Up to ``limit`` waiters in about the order ``head`` serves them: the best band first; in a band the tenants
+        taken in turn by their usage now (each one's oldest first), as fair share would serve them while none of
+        them goes. The first is ``head``'s."""
+        out: list[Waiter] = []
+        for priority in sorted(self.bands):
+            band = self.bands[priority]
+            tenants = sorted(band, key=lambda name: (usage(name), band[name][0].seq))
+            depth = 0
+            while len(out) < limit and any(depth < len(band[name]) for name in tenants):
+                out.extend(band[name][depth] for name in tenants if depth < len(band[name]))
+                depth += 1
+            if len(out) >= limit:
+                return out[:limit]
+        return out
+
     def newest_of(self, tenant: str) -> Waiter | None:
         """``tenant``'s waiter to give up its place (queue_share.py): the newest of its least urgent (None: none)."""
         held = [p for p, band in self.bands.items() if tenant in band]

@@ -13,7 +13,8 @@ start it soon; it is shed at once (429) when it cannot be served in time or its 
 call, without crediting the replica until it goes) and asks ``Admission.gate`` with the route's
 ``predicted_ttft_s`` (the part spent waiting held to ``admit_ttft_s``) and whether the chosen replica has a free
 slot, or, unpriced, whether some candidate replica has one (router/admission/room.py); it goes on with the next
-head until one must wait. A client that leaves while waiting leaves the queue at once (its coroutine is
+head until one must wait. A head that must wait holds back only its replica: the next of the queue's ``lookahead``
+waiters routed elsewhere goes first. A client that leaves while waiting leaves the queue at once (its coroutine is
 cancelled); one whose deadline passes while waiting gets its 429 then, as does one whose place a tenant under its
 share of the full queue took (router/admission/queue_share.py). With no replica to route to, a request goes on (and gets
 dispatch's 503, as without admission).
@@ -31,11 +32,12 @@ import msgspec
 from kvmesh.replica.serving.errors import error_body
 from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, Shed
 from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
-from kvmesh.router.admission.room import LearnedSlots, ReplicaRoom, SlotCapacity
+from kvmesh.router.admission.room import SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
 from kvmesh.router.http.admission_ticket import Ticket, Waiting, future_of, waiting_of
 from kvmesh.router.http.caller import int_header
 from kvmesh.router.http.messages import HttpRequest, Response
+from kvmesh.router.http.replica_room import is_idle, room_of
 from kvmesh.router.routing.policies import NoReplicaError
 
 if TYPE_CHECKING:
@@ -207,44 +209,54 @@ class AdmissionGate:
 
     # ---------------------------------------------------------------- the queue
     def pump(self, model: str) -> None:
-        """Let the head of ``model``'s queue go if the gate says so (module doc). One at a time: the next goes
-        once the one let go has run to its dispatch (it is in its replica's load by then)."""
-        adm = self.admission
+        """Let ``model``'s waiters go while the gate says so (module doc), one at a time: the next once the one let
+        go has run to its dispatch (it is in its replica's load by then)."""
         self._answer_displaced(model, time.monotonic())
-        while not self.granted:
-            now = time.monotonic()
-            waiter = adm.head(model, now)
-            if waiter is None:
-                return
+        while not self.granted and self._pump_one(model, time.monotonic()):
+            pass
+
+    def _pump_one(self, model: str, now: float) -> bool:
+        """Let one waiter go, or take one out: the first of the queue's ``lookahead`` (in serving order) that the gate
+        lets go and whose replica no waiter before it waits for, so a replica's requests go in the queue's order
+        and a busy one holds back only its own. False: none may go now."""
+        blocked: set[str] = set()
+        for waiter in self.admission.in_order(model, now, self.config.lookahead):
             waiting, future = waiting_of(waiter), future_of(waiter)
             if future.done():  # answered meanwhile (cancelled)
-                adm.leave(waiter)
-                continue
-            verdict = self._try(waiter, waiting, now)
+                self.admission.leave(waiter)
+                return True
+            verdict = self._try(waiter, waiting, now, blocked)
             if verdict == WAIT:
-                return
+                continue
             if isinstance(verdict, Shed):
                 future.set_result(verdict)
-                continue
+                return True
             waiting.granted = True
             self.granted += 1
             future.set_result(verdict)  # its task runs to its dispatch, then the next pump
             asyncio.get_running_loop().call_soon(self.pump, model)
+            return True
+        return False
 
-    def _try(self, waiter: Waiter, waiting: Waiting, now: float) -> RouteDecision | None | str | Shed:
-        """The gate's verdict on the head ``waiter``: WAIT; a ``Shed`` (out of the queue); or it goes (out of the
-        queue, its replica committed): the route that lets it go (None: no replica, dispatch answers 503)."""
+    def _try(self, waiter: Waiter, waiting: Waiting, now: float,
+             blocked: set[str] | None = None) -> RouteDecision | None | str | Shed:
+        """WAIT (its replica added to ``blocked``; at once where a waiter before it waits for it), a ``Shed`` (out of
+        the queue), or the route that lets it go, its replica committed (None: no replica, dispatch answers 503)."""
         adm = self.admission
         try:
             decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
         except NoReplicaError:  # nothing to wait for: dispatch answers 503
             decision = None
         chosen = None if decision is None else decision.replica
+        if blocked is not None and chosen is not None and chosen.id in blocked:
+            return WAIT
         room = self._room(now, chosen if decision is not None and decision.predicted_ttft_s is not None else None)
         verdict = GO if decision is None else adm.gate(
-            waiter, decision.predicted_ttft_s, room, now, idle=_idle(chosen),
+            waiter, decision.predicted_ttft_s, room, now, idle=is_idle(chosen),
             predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
         if verdict == WAIT:
+            if blocked is not None and chosen is not None:
+                blocked.add(chosen.id)
             return WAIT
         if isinstance(verdict, Shed):
             adm.leave(waiter)
@@ -264,15 +276,7 @@ class AdmissionGate:
     def _room(self, now: float, chosen: Replica | None = None) -> bool:
         """Whether ``chosen`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
         replicas = self.router.replicas.candidates() if chosen is None else [chosen] if chosen.routable else []
-        for replica in replicas:
-            load = replica.load
-            if replica.learned_slots is None:
-                replica.learned_slots = LearnedSlots()
-            if self.slots.has_room(
-                    ReplicaRoom(replica.learned_slots, load.total_in_flight, load.num_running, load.num_waiting,
-                                load.max_num_seqs), now):
-                return True
-        return False
+        return any(self.slots.has_room(room_of(replica), now) for replica in replicas)
 
     def _tick(self, model: str) -> None:
         """Pump ``model`` every ``recheck_interval_s`` while its queue is not empty."""
@@ -288,8 +292,3 @@ class AdmissionGate:
                 self._tickers.pop(model, None)
 
         self._tickers[model] = asyncio.get_running_loop().create_task(tick())
-
-
-def _idle(replica: Replica | None) -> bool:
-    """Whether the replica (None: removed) has nothing in flight from this host and reports nothing waiting."""
-    return replica is not None and replica.load.total_in_flight == 0 and replica.load.num_waiting == 0
