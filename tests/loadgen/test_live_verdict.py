@@ -44,3 +44,53 @@ def test_every_router_serves_prompts_past_the_tokenizers_context_on_an_emulated_
     assert min(prompt_tokens) > 512  # past stories260K's own context: the router was given the replicas'
     emulation = result["fleet"]["emulation"]
     assert len(emulation) == 2 and all(r["num_steps"] > 0 and r["late_s_p99"] >= 0 for r in emulation)
+
+
+def _row(rnd: int, router: str, ttfts: list, cached: float, counts: list, ceiling: float | None = None) -> dict:
+    ok = sorted(t for t in ttfts if t is not None)
+    row = {"round": rnd, "router": router, "workload": "chatbot", "ttft_s": ttfts,
+           "replicas": [{"requests": c} for c in counts],
+           "summary": {"cached_token_share": cached, "errors": ttfts.count(None),
+                       "ttft_s": {"mean": sum(ok) / len(ok), "p50": ok[len(ok) // 2], "p99": ok[-1]}}}
+    return row | ({"ceiling": {"hit_rate": ceiling, "miss_tokens": {}}} if ceiling is not None else {})
+
+
+def test_the_verdict_table_is_in_the_gpus_time_and_pairs_each_round_with_kvmesh():
+    """Dilation 4: a 3.6 s live TTFT is 0.9 s on the emulated GPU, within chatbot's 1 s target; 4.8 s is not. A
+    failed request counts against goodput."""
+    from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import table, verdict_stats
+
+    rows = [_row(0, "kvmesh", [3.6, 3.6, 4.8, 4.8], 0.7, [2, 2], ceiling=0.75),
+            _row(0, "peer", [3.6, 4.8, 4.8, None], 0.5, [4, 0]),
+            _row(1, "kvmesh", [3.6, 3.6, 3.6, 4.8], 0.7, [2, 2], ceiling=0.75),
+            _row(1, "peer", [4.8, 4.8, 4.8, 4.8], 0.5, [3, 1])]
+    result = {"stats": {"chatbot": {"kvmesh": {}, "peer": {}}}, "rows": rows, "fleet": {"dilation": 4.0, "rate": 2.5}}
+    v = verdict_stats(result)
+    kv, peer = v["routers"]["kvmesh"], v["routers"]["peer"]
+    assert v["slo_s"] == 1.0 and v["ceiling"] == (0.75, 0.0)
+    assert kv["good_share"][0] == pytest.approx((0.5 + 0.75) / 2)
+    assert peer["good_share"][0] == pytest.approx((0.25 + 0.0) / 2) and peer["errors"] == 1
+    assert peer["busiest"][0] == pytest.approx((2.0 + 1.5) / 2)
+    assert peer["vs_reference"]["hit_points"][0] == pytest.approx(20.0)
+    assert peer["vs_reference"]["good_points"][0] == pytest.approx(50.0)
+    assert kv["ttft_mean_s"][0] == pytest.approx((4.2 + 3.9) / 2 / 4)
+    text = table([result])
+    assert "| chatbot, 2.5/s | **kvmesh** | 70.0 ± 0.0% (75.0 ± 0.0%) |" in text
+    assert "| chatbot, 2.5/s | peer | 50.0 ± 0.0% |" in text
+
+
+def test_kvmesh_routers_ceiling_and_a_replicas_counters_are_read_from_their_metrics(monkeypatch):
+    from kvmesh.cluster.measure.loadgen import live_routers
+    from kvmesh.cluster.measure.loadgen.live_compare import router_ceiling
+
+    text = ("# TYPE kvmesh_router_ceiling_hit_ratio gauge\nkvmesh_router_ceiling_hit_ratio 0.31\n"
+            "# TYPE kvmesh_router_prompt_miss_tokens counter\n"
+            'kvmesh_router_prompt_miss_tokens_total{kind="routed_away"} 16.0\n'
+            'kvmesh_router_prompt_miss_tokens_total{kind="no_reuse"} 36.0\n'
+            "# TYPE vllm:prefix_cache_hits counter\n"
+            'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 5.0\n'
+            'vllm:prefix_cache_hits_total{model_name="m",engine="1"} 2.0\n')
+    monkeypatch.setattr(live_routers, "_call", lambda url, key, method="GET": (200, text))
+    assert router_ceiling("http://x") == {"hit_rate": 0.31, "miss_tokens": {"routed_away": 16.0, "no_reuse": 36.0}}
+    counts = live_routers.replica_counters((ReplicaSpec("http://x"),), None)
+    assert counts == [{"requests": 0.0, "prefix_cache_queries": 0.0, "prefix_cache_hits": 7.0}]

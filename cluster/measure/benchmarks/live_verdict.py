@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         replica_timing,
         start_fleet,
     )
+    from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import table
     from kvmesh.cluster.measure.loadgen.compare import main as compare_main
     from kvmesh.cluster.measure.loadgen.processes import stop_processes
 
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     result["fleet"] = {"replicas": args.replicas, "dilation": args.dilation, "miniature": MINIATURE,
                        "num_kv_blocks": args.num_kv_blocks, "rate": args.rate, "emulation": timing}
     out.write_text(json.dumps(result, indent=1))
+    print(table([result]), flush=True)
     late = max(r["late_s_p99"] for r in timing)
     print(f"[live_verdict] step lateness p99 (worst replica) {1000 * late:.1f} ms; wrote {out}", flush=True)
     return rc

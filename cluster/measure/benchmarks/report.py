@@ -43,7 +43,8 @@ from pathlib import Path
 from kvmesh.cluster.measure.benchmarks.policy_matrix import count_line, dominance
 
 DOCS = ("README.md", "BENCHMARKS.md", "docs/gpu-cluster.md", "docs/benchmarks/routing-against-peers.md",
-        "docs/multi-host-routers.md", "docs/benchmarks/engine-cpu.md", "docs/benchmarks/several-routers.md")
+        "docs/multi-host-routers.md", "docs/benchmarks/engine-cpu.md", "docs/benchmarks/several-routers.md",
+        "docs/benchmarks/live-verdict.md")
 """The documents whose tables are generated (a guide holds the ones BENCHMARKS.md points to)."""
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
@@ -120,6 +121,12 @@ def live_routers_table(result: dict) -> str:
     return table(result)
 
 
+def live_verdict_table(results: list[dict]) -> str:
+    from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import table
+
+    return table(results)
+
+
 def fp8_kv_cache_table(result: dict) -> str:
     from kvmesh.cluster.measure.benchmarks.fp8_kv_cache import table
 
@@ -186,7 +193,8 @@ MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_f
                                                           "matrix_noise": matrix_noise_table,
                                                           "replications": replications_table,
                                                           "routers_published": routers_published_table,
-                                                          "verdict": verdict_table}
+                                                          "verdict": verdict_table,
+                                                          "live_verdict": live_verdict_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 

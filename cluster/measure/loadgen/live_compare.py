@@ -78,12 +78,32 @@ async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fle
                     after = replica_counters(fleet.replicas, args.admin_key)
                     per_replica = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
                     rows.append({"round": rnd, "router": name, "workload": workload, "summary": out["summary"],
-                                 "replicas": per_replica})
+                                 "replicas": per_replica, "ttft_s": _ttfts(out["requests"]),
+                                 **({"ceiling": router_ceiling(url)} if name.startswith(REFERENCE) else {})})
                     print(_line(rows[-1]), flush=True)
     settings = out["config"] | {"url": None, "label": None}
     return {"routers": {n: " ".join(c) for n, c in commands.items()}, "rounds": args.rounds,
             "replicas": len(fleet.replicas), "block_size": fleet.block_size, "settings": settings,
             "stats": stats(rows, names, workloads), "rows": rows}
+
+
+def _ttfts(requests: list[dict]) -> list[float | None]:
+    """Each request's TTFT in arrival order, None for a request that failed (goodput counts it as missed)."""
+    return [None if r.get("error") else r.get("ttft_s") for r in requests]
+
+
+def router_ceiling(url: str) -> dict:
+    """kvmesh's router's live single-pool ceiling over the requests it routed (router/http/ceiling_metrics.py): the
+    hit rate one pool of the fleet's blocks would have had, and the missed prompt tokens by kind."""
+    from kvmesh.cluster.measure.loadgen.live_routers import metric_lines
+
+    out: dict = {"miss_tokens": {}}
+    for name, labels, value in metric_lines(url + "/metrics"):
+        if name == "kvmesh_router_ceiling_hit_ratio":
+            out["hit_rate"] = value
+        elif name == "kvmesh_router_prompt_miss_tokens_total":
+            out["miss_tokens"][labels.get("kind", "")] = value
+    return out
 
 
 def _line(row: dict) -> str:

@@ -153,14 +153,22 @@ COUNTERS = {"vllm:request_success_total": "requests", "vllm:prefix_cache_queries
 """The replicas' own counters read around each run (``GET /metrics``), by the name a row gives them."""
 
 
+def metric_lines(url: str, admin_key: str | None = None) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample a Prometheus ``GET url`` answers (its text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(_call(url, admin_key)[1]):
+        for sample in family.samples:
+            yield sample.name, sample.labels, sample.value
+
+
 def replica_counters(replicas: tuple[ReplicaSpec, ...], admin_key: str | None) -> list[dict[str, float]]:
     """Each replica's counters now (``COUNTERS``, summed over their labels), in the fleet's order."""
     out = []
     for s in replicas:
         counts = dict.fromkeys(COUNTERS.values(), 0.0)
-        for line in _call(s.url + "/metrics", admin_key)[1].splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]  # NAME{labels} VALUE, or NAME VALUE
+        for name, _, value in metric_lines(s.url + "/metrics", admin_key):
             if name in COUNTERS:
-                counts[COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
+                counts[COUNTERS[name]] += value
         out.append(counts)
     return out

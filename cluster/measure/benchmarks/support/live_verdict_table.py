@@ -1,0 +1,77 @@
+"""The live verdict's figures (``kvmesh bench live_verdict``'s results files): per router, the mean over the rounds
+of the cached prompt share, mean / p50 / p99 TTFT, goodput (the share of requests whose first token came within
+the workload's TTFT target) and the busiest replica's requests over the mean, each with its 95% interval; against
+kvmesh's router, the same round's differences (paired). TTFTs and the target are in the emulated GPU's time: the
+live figures divided by the fleet's time dilation. Beside them, the single pool's hit share of the same requests
+(kvmesh's router's live ceiling, ``kvmesh_router_ceiling_hit_ratio``)."""
+
+from __future__ import annotations
+
+from kvmesh.cluster.measure.loadgen.intervals import interval
+
+REFERENCE = "kvmesh"
+"""The router every other is compared with, round by round."""
+
+
+def run_figures(row: dict, slo_s: float, dilation: float) -> dict[str, float]:
+    """One run's figures in the emulated GPU's time."""
+    summary, counts = row["summary"], [r["requests"] for r in row["replicas"]]
+    ttfts = row["ttft_s"]
+    good = sum(t is not None and t / dilation <= slo_s for t in ttfts)
+    return {"hit_rate": summary["cached_token_share"], "ttft_mean_s": summary["ttft_s"]["mean"] / dilation,
+            "ttft_p50_s": summary["ttft_s"]["p50"] / dilation, "ttft_p99_s": summary["ttft_s"]["p99"] / dilation,
+            "good_share": good / len(ttfts), "busiest": max(counts) / (sum(counts) / len(counts)),
+            "errors": summary["errors"]}
+
+
+def verdict_stats(result: dict) -> dict:
+    """Per router: each figure's interval over the rounds, and the paired differences against kvmesh's router."""
+    from kvmesh.cluster.measure.workloads.registry import ttft_slo_s
+
+    fleet, (workload,) = result["fleet"], list(result["stats"])
+    slo_s = ttft_slo_s(workload) or 1.0
+    rows = sorted(result["rows"], key=lambda r: r["round"])
+    runs = {n: [run_figures(r, slo_s, fleet["dilation"]) for r in rows if r["router"] == n]
+            for n in result["stats"][workload]}
+    ceilings = [r["ceiling"]["hit_rate"] for r in rows if "hit_rate" in r.get("ceiling", {})]
+    out: dict = {"workload": workload, "slo_s": slo_s, "rate": fleet["rate"],
+                 "ceiling": interval(ceilings) if ceilings else None, "routers": {}}
+    ref = runs.get(REFERENCE)
+    for name, figures in runs.items():
+        entry = {k: interval([f[k] for f in figures]) for k in figures[0] if k != "errors"}
+        entry["errors"] = sum(f["errors"] for f in figures)
+        entry["rounds"] = len(figures)
+        if ref is not None and name != REFERENCE and len(ref) == len(figures):
+            pairs = list(zip(ref, figures, strict=True))
+            entry["vs_reference"] = {
+                "hit_points": interval([100 * (a["hit_rate"] - b["hit_rate"]) for a, b in pairs]),
+                "ttft_mean_ratio": interval([a["ttft_mean_s"] / b["ttft_mean_s"] - 1 for a, b in pairs]),
+                "ttft_p99_ratio": interval([a["ttft_p99_s"] / b["ttft_p99_s"] - 1 for a, b in pairs]),
+                "good_points": interval([100 * (a["good_share"] - b["good_share"]) for a, b in pairs])}
+        out["routers"][name] = entry
+    return out
+
+
+def _pm(pair: tuple[float, float] | list[float], fmt: str, scale: float = 1.0) -> str:
+    mean, half = pair
+    return f"{fmt.format(scale * mean)} ± {fmt.replace('+', '').format(scale * half)}"
+
+
+def table(results: list[dict]) -> str:
+    """A row per results file and router."""
+    lines = ["| workload, rate | router | cached prompt tokens (single pool) | mean TTFT | TTFT p50 | TTFT p99 | "
+             "goodput | busiest / mean | kvmesh minus it: cached (points) | kvmesh's mean TTFT / its - 1 | "
+             "kvmesh minus it: goodput (points) |", "|---" * 11 + "|"]
+    for result in results:
+        v = verdict_stats(result)
+        where = f"{v['workload']}, {v['rate']:g}/s"
+        for name, s in v["routers"].items():
+            vs = s.get("vs_reference")
+            cmp = (f"{_pm(vs['hit_points'], '{:+.1f}')} | {_pm(vs['ttft_mean_ratio'], '{:+.0f}', 100)}% | "
+                   f"{_pm(vs['good_points'], '{:+.1f}')}" if vs else "- | - | -")
+            pool = f" ({_pm(v['ceiling'], '{:.1f}', 100)}%)" if name == REFERENCE and v["ceiling"] else ""
+            lines.append(f"| {where} | {'**' + name + '**' if name == REFERENCE else name} | "
+                         f"{_pm(s['hit_rate'], '{:.1f}', 100)}%{pool} | {_pm(s['ttft_mean_s'], '{:.2f}')} s | "
+                         f"{_pm(s['ttft_p50_s'], '{:.2f}')} s | {_pm(s['ttft_p99_s'], '{:.2f}')} s | "
+                         f"{_pm(s['good_share'], '{:.0f}', 100)}% | {_pm(s['busiest'], '{:.2f}')} | {cmp} |")
+    return "\n".join(lines)
