@@ -46,6 +46,22 @@ def test_within_a_priority_the_tenant_with_least_usage_goes_first_then_arrival()
     assert queue.head(usage.__getitem__) is flood[0]  # then the flooder, oldest first
 
 
+def test_the_lookahead_order_is_the_heads_order_while_none_goes_and_is_bounded():
+    """Best band first; in it the tenants in turn by usage, each one's oldest first: a flood of 50 behind a light
+    tenant's two does not push them out of the first few looked at."""
+    queue = AdmissionQueue()
+    flood = [_waiter("flooder") for _ in range(50)]
+    light = [_waiter("light"), _waiter("light")]
+    urgent = _waiter("late", priority=-1)
+    for w in (*flood, *light, urgent):
+        queue.push(w)
+    usage = {"flooder": 5000.0, "light": 0.0, "late": 9e9}
+    order = queue.in_order(usage.__getitem__, 5)
+    assert order == [urgent, light[0], flood[0], light[1], flood[1]]
+    assert order[0] is queue.head(usage.__getitem__)
+    assert len(queue.in_order(usage.__getitem__, 100)) == 53 and queue.in_order(usage.__getitem__, 1) == [urgent]
+
+
 def test_a_removed_waiter_leaves_at_once_and_twice_is_a_no_op():
     queue = AdmissionQueue()
     w = _waiter("a")
