@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         ends = start_fleet(settings, fleet_sizes(args), procs)
         print(f"[live_verdict] {len(ends)} emulated replicas up in {time.monotonic() - t0:.0f} s", flush=True)
-        rc = compare_main(["compare-policies", *compare_argv(args, ends)][1:])
+        rc = compare_main(compare_argv(args, ends))
         timing = replica_timing(ends)
     finally:
         stop_processes(procs, 30)
