@@ -30,18 +30,17 @@ from pathlib import Path
 
 DEFAULT_ROUTERS = "kvmesh,vllm-router,vllm-router:kv_aware,vllm-router:round_robin,sglang-router"
 MINIATURE = 32
-"""Model tokens per live token (the simulator's miniature: one 512-token trace block is one 16-token block)."""
+"""Model tokens per live token (the simulator's miniature, sim/emulated_check.py: one 512-token trace block is one
+16-token block)."""
 
 
-def fleet_sizes(args: argparse.Namespace) -> dict:
-    """The replicas' profile and budgets: the simulator's miniature of its default fleet."""
-    from dataclasses import asdict
-
-    from kvmesh.cluster.measure.sim.config import SimConfig, miniature
-
-    config = miniature(SimConfig(num_replicas=args.replicas), MINIATURE)
-    return {"cost": asdict(config.cost), "blocks_per_replica": args.num_kv_blocks,
-            "max_num_batched_tokens": config.engine.max_num_batched_tokens, "max_num_seqs": config.engine.max_num_seqs}
+def fleet_sizes(args: argparse.Namespace, work: Path) -> dict:
+    """The replicas' profile and budgets: the simulator's miniature of its default fleet (sim/emulated_check.py
+    writes it, in its own process, as ``kvmesh bench emulated_fleet`` has it)."""
+    out = work / "sim.json"
+    subprocess.run([sys.executable, "-m", "kvmesh.cluster.measure.sim.emulated_check", "--replicas", str(args.replicas),
+                    "--num-requests", "1", "--out", str(out)], check=True)
+    return json.loads(out.read_text()) | {"blocks_per_replica": args.num_kv_blocks}
 
 
 def compare_argv(args: argparse.Namespace, ends: list[dict]) -> list[str]:
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     try:
         t0 = time.monotonic()
-        ends = start_fleet(settings, fleet_sizes(args), procs)
+        ends = start_fleet(settings, fleet_sizes(args, work), procs)
         print(f"[live_verdict] {len(ends)} emulated replicas up in {time.monotonic() - t0:.0f} s", flush=True)
         rc = compare_main(compare_argv(args, ends))
         timing = replica_timing(ends)
