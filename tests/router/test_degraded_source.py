@@ -118,13 +118,15 @@ def test_a_replica_cannot_make_the_router_hold_more_than_max_source_blocks():
     async def scenario():
         await runtime.start()
         try:
-            stats = runtime.subscriber.stats
-            assert await wait_for(lambda: "r" in stats and stats["r"].snapshots >= 1), stats.get("r")
+            def stats():  # a fresh view each call: the property's dict lacks a source added after it was read
+                return runtime.subscriber.stats.get("r")
+
+            assert await wait_for(lambda: stats() is not None and stats().snapshots >= 1), stats()
             assert await wait_for(lambda: pub.subscribers >= 1)
             for i in range(8):
                 pub.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
             # the three stores past the limit refused (a resync's snapshot, of all eight, would be refused too)
-            assert await wait_for(lambda: runtime.subscriber.stats["r"].apply_errors >= 3), stats.get("r")
+            assert await wait_for(lambda: stats().apply_errors >= 3), stats()
             assert runtime.router.index.num_blocks("r") == 5
         finally:
             await runtime.stop()

@@ -137,8 +137,8 @@ def test_a_real_replica_reports_its_stream_and_is_degraded_when_its_publisher_di
             assert httpx.post(router.url + "/v1/completions", json=story, timeout=30).status_code == 200
             load = httpx.get(replica.http.url + "/load", timeout=5).json()
             assert load["kv_events_seq"] >= 0 and load["kv_events_unsent_s"] == 0.0
-            stats = rt.subscriber.stats
-            wait_for(lambda: "real" in stats and stats["real"].last_seq == load["kv_events_seq"],
+            stats = lambda: rt.subscriber.stats.get("real")  # noqa: E731 (a fresh view each call)
+            wait_for(lambda: stats() is not None and stats().last_seq == load["kv_events_seq"],
                      what="the router caught up")
             time.sleep(2 * MAX_LAG_S)  # what must not happen (an absence): idle past events_max_lag_s, not degraded
             assert rt.router.degraded == {}

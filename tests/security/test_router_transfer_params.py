@@ -18,6 +18,7 @@ import uuid
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from . import names
 from .harness import (
@@ -171,6 +172,13 @@ def test_the_clusters_own_split_still_moves_kv(kv_cluster, tokenizer, reference)
     prompt = unseen_text(tokenizer, 20 * BLOCK + TAIL)
     r = c.via_router(c.completion_body(prompt))
     assert r.status_code == 200, r.text
-    assert r.headers.get("x-kvmesh-prefill-replica") == PREFILL, dict(r.headers)
+    assert r.headers.get("x-kvmesh-prefill-replica") == PREFILL, (dict(r.headers), split_outcomes(c))
     assert pulled_tokens(r) >= 16 * BLOCK, dict(r.headers)
     assert r.json()["choices"][0]["text"] == reference(prompt)
+
+
+def split_outcomes(cluster: KVCluster) -> dict[str, float]:
+    """The router's ``kvmesh_router_pd_splits_total`` by outcome (why a split was not made)."""
+    text = httpx.get(cluster.url + "/metrics", headers=cluster.admin(), timeout=10).text
+    return {s.labels["outcome"]: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "kvmesh_router_pd_splits_total"}
