@@ -14,10 +14,10 @@ call, without crediting the replica until it goes) and asks ``Admission.gate`` w
 ``predicted_ttft_s`` (the part spent waiting held to ``admit_ttft_s``) and whether the chosen replica has a free
 slot, or, unpriced, whether some candidate replica has one (router/admission/room.py); it goes on with the next
 head until one must wait. A head that must wait holds back only its replica: the next of the queue's ``lookahead``
-waiters routed elsewhere goes first. A client that leaves while waiting leaves the queue at once (its coroutine is
-cancelled); one whose deadline passes while waiting gets its 429 then, as does one whose place a tenant under its
-share of the full queue took (router/admission/queue_share.py). With no replica to route to, a request goes on (and gets
-dispatch's 503, as without admission).
+waiters routed elsewhere goes first; each that waits counts in its replica's load meanwhile (held_load.py). A client
+that leaves while waiting leaves the queue at once (its coroutine is cancelled); one whose deadline passes while
+waiting gets its 429 then, as does one whose place a tenant under its share of the full queue took
+(router/admission/queue_share.py). With no replica to route to, a request goes on (dispatch's 503, as without it).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from kvmesh.router.admission.room import SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
 from kvmesh.router.http.admission_ticket import Ticket, Waiting, future_of, waiting_of
 from kvmesh.router.http.caller import int_header
+from kvmesh.router.http.held_load import HeldLoad
 from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.http.replica_room import is_idle, room_of
 from kvmesh.router.routing.policies import NoReplicaError
@@ -65,6 +66,7 @@ class AdmissionGate:
         self.admission = Admission(config, LocalLedger(config.fair_share_half_life_s, config.max_tenants))
         self.slots = SlotCapacity(config.slots_ttl_s)
         self.metrics = AdmissionMetrics(registry, config)
+        self.held = HeldLoad()  # the waiters that wait for their replica, in its load (held_load.py)
         self._tickers: dict[str, asyncio.Task] = {}
         self.granted = 0
         """Requests let go whose tasks have not yet run to their dispatch (into their replica's load): no other is
@@ -220,6 +222,7 @@ class AdmissionGate:
         lets go and whose replica no waiter before it waits for, so a replica's requests go in the queue's order
         and a busy one holds back only its own. False: none may go now."""
         blocked: set[str] = set()
+        self.held.release(model)
         for waiter in self.admission.in_order(model, now, self.config.lookahead):
             waiting, future = waiting_of(waiter), future_of(waiter)
             if future.done():  # answered meanwhile (cancelled)
@@ -240,8 +243,8 @@ class AdmissionGate:
 
     def _try(self, waiter: Waiter, waiting: Waiting, now: float,
              blocked: set[str] | None = None) -> RouteDecision | None | str | Shed:
-        """WAIT (its replica added to ``blocked``; at once where a waiter before it waits for it), a ``Shed`` (out of
-        the queue), or the route that lets it go, its replica committed (None: no replica, dispatch answers 503)."""
+        """WAIT (held in its replica's load, the replica added to ``blocked``; at once where a waiter before it waits
+        for it), a ``Shed`` (out of the queue), or the route that lets it go (None: no replica, dispatch's 503)."""
         adm = self.admission
         try:
             decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
@@ -249,14 +252,17 @@ class AdmissionGate:
             decision = None
         chosen = None if decision is None else decision.replica
         if blocked is not None and chosen is not None and chosen.id in blocked:
+            self.held.hold(waiter.model, chosen, decision.uncached_tokens)
             return WAIT
         room = self._room(now, chosen if decision is not None and decision.predicted_ttft_s is not None else None)
         verdict = GO if decision is None else adm.gate(
             waiter, decision.predicted_ttft_s, room, now, idle=is_idle(chosen),
             predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
         if verdict == WAIT:
-            if blocked is not None and chosen is not None:
-                blocked.add(chosen.id)
+            if chosen is not None:
+                self.held.hold(waiter.model, chosen, decision.uncached_tokens)
+                if blocked is not None:
+                    blocked.add(chosen.id)
             return WAIT
         if isinstance(verdict, Shed):
             adm.leave(waiter)

@@ -37,6 +37,11 @@ class ReplicaLoad:
     """Requests this router sent to the replica that have not finished."""
     pending_prefill_tokens: int = 0
     """Uncached prompt tokens of this router's requests that have produced no output yet."""
+    held_prefill_tokens: int = 0
+    """Uncached prompt tokens of the requests this router's admission holds for the replica (waiting in the router
+    for it: router/http/held_load.py); counted in ``prefill_backlog`` as the queue they will be there."""
+    held_requests: int = 0
+    """Those requests (counted in ``decode_load``)."""
     num_running: int = 0
     """Running requests, as the replica last reported."""
     num_waiting: int = 0
@@ -184,12 +189,13 @@ class ReplicaLoad:
     def prefill_backlog(self) -> int:
         """Prompt tokens the replica must prefill before a new request's own prefill starts."""
         return max(self.pending_prefill_tokens + self.peer_pending_prefill_tokens,
-                   self.queued_prefill_tokens + self.unacked_prefill_tokens)
+                   self.queued_prefill_tokens + self.unacked_prefill_tokens) + self.held_prefill_tokens
 
     @property
     def decode_load(self) -> int:
         """Requests sharing the replica's decode steps."""
-        return max(self.in_flight + self.peer_in_flight, self.num_running + self.num_waiting + self.unacked_requests)
+        return max(self.in_flight + self.peer_in_flight,
+                   self.num_running + self.num_waiting + self.unacked_requests) + self.held_requests
 
     def load_back_s(self, num_blocks: int) -> float:
         """Seconds to load ``num_blocks`` back from the host tier (0 when the replica reported no bandwidth)."""

@@ -149,6 +149,9 @@ class FakeReplica:
                             "num_waiting_prefill_tokens": prefill, "timestamp": time.time() + f.clock_skew}
         if self.cache is not None:
             report.update(self.cache.load_fields())
+            if "kv_events_unsent_s" in report:  # its batches are stamped skewed and late (``prefill``), its
+                stamped = f.clock_skew - f.event_lag  # publisher ages them by the true clock: the true wait
+                report["kv_events_unsent_s"] = max(0.0, report["kv_events_unsent_s"] + stamped)
         if f.compiling:
             report["num_grammar_compiles"] = len(self.delaying)
         if f.prefill_tokens_per_s:
