@@ -1,6 +1,7 @@
 """What a replica counts of the requests it accepted, for the load it publishes (events/load.py).
 
     accept(booking, prompt_tokens, uncached_tokens, now)   a request joined the replica's queue
+    cache_reset()                                          its prefix cache was reset: the decayed sums restart
     update(now, running, waiting, queued, kv_usage, ...)   the ``ReplicaLoadUpdate`` to publish now
 
 Per router id, the highest booking number accepted (``x-kvmesh-router``, router/replicas/bookings.py), so each
@@ -58,6 +59,13 @@ class LoadLedger:
         sums[0] += uncached_tokens
         sums[1] += max(prompt_tokens, uncached_tokens)
         sums[2] += 1
+
+    def cache_reset(self) -> None:
+        """The replica's prefix cache was reset: the decayed prompt sums start afresh. They describe what its cache
+        took in (how young its LRU tail is, its hit fraction), and those blocks are gone; a router adopting them
+        would price an empty cache by the intake of the one before (after a benchmark's reset between arms, the
+        previous arm's traffic)."""
+        self._sums = [0.0, 0.0, 0.0]
 
     def _decay(self, now: float) -> float:
         gap = 0.0 if self._at is None else max(0.0, now - self._at)

@@ -129,6 +129,8 @@ def _install_engine_routes(app: FastAPI, state: ServerState) -> None:
     @app.post(RESET_PREFIX_CACHE_PATH)
     async def reset_prefix_cache():
         freed = await state.engine_client.reset_prefix_cache()
+        if state.load_publishing is not None:  # the intake it publishes described the blocks now gone
+            state.load_publishing.cache_reset()
         logger.info("prefix cache reset: %d blocks freed", freed)
         return {"freed_blocks": freed}
 

@@ -80,6 +80,14 @@ class LoadPublishing:
                 self._cached[rid] = (prompt_tokens - uncached, prompt_tokens, now, False)
         self._wake.set()
 
+    def cache_reset(self) -> None:
+        """The prefix cache was reset (``POST /reset_prefix_cache``): the ledger's decayed sums restart, published
+        at once."""
+        with self._lock:
+            self.ledger.cache_reset()
+            self._last = None
+        self._wake.set()
+
     def update(self, force: bool = False) -> ReplicaLoadUpdate | None:
         """The load to publish now; None when it did not change since the last (unless ``force``)."""
         engine = self.engine

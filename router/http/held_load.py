@@ -42,7 +42,3 @@ class HeldLoad:
         load = replica.load
         load.held_prefill_tokens += uncached_tokens
         load.held_requests += 1
-
-    def held(self, model: str) -> dict[str, tuple[int, int]]:
-        """``model``'s holds: replica id -> (tokens, requests)."""
-        return {rid: (tokens, requests) for rid, (_, tokens, requests) in self._by_model.get(model, {}).items()}

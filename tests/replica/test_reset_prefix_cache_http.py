@@ -74,3 +74,21 @@ def test_a_reset_of_an_empty_cache_frees_nothing(replica):
         operator.post("/reset_prefix_cache")
         r = operator.post("/reset_prefix_cache")
     assert r.status_code == 200 and r.json() == {"freed_blocks": 0}
+
+
+def test_a_reset_restarts_the_intake_the_replica_publishes(replica):
+    """The decayed prompt sums a replica publishes (routers price its cache's turnover and hit fraction by them)
+    describe the blocks its cache took in: after a reset they start afresh, or a router would price the empty cache by
+    the traffic of the one before (a benchmark's previous arm). Who booked what (``accepted``) is kept."""
+    publishing = replica.state.load_publishing
+    assert publishing is not None, "the replica publishes no load"
+    with as_(replica, TENANT) as tenant, as_(replica, ADMIN) as operator:
+        cached_tokens(tenant)
+        before = publishing.update(force=True)
+        assert before.recent_prefill > 0 and before.recent_prompt > 0 and before.recent_requests > 0
+        assert operator.post("/reset_prefix_cache").status_code == 200
+        after = publishing.update(force=True)
+        assert (after.recent_prefill, after.recent_prompt, after.recent_requests) == (0, 0, 0)
+        assert after.accepted == before.accepted and after.seq > before.seq
+        cached_tokens(tenant)
+        assert publishing.update(force=True).recent_prefill > 0  # counted again from there
