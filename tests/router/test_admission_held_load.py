@@ -106,6 +106,6 @@ def test_waiters_that_leave_take_their_holds_with_them(slow_fakes, start_router)
 
 def _gives_up(router, prompt: list[int]) -> None:
     try:
-        httpx.post(router.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=0.5)
+        httpx.post(router.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=1.5)
     except httpx.TimeoutException:
         pass
