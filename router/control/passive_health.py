@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.control.replica_calls import ReplicaCalls
     from kvmesh.router.http.metrics import RouterMetrics
-    from kvmesh.router.replicas.load import ForeignLoad
+    from kvmesh.router.replicas.foreign_load import ForeignLoad
     from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.kv_router import KVRouter
 

@@ -26,7 +26,7 @@ from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.event_discovery import advertised_spec
 from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
-from kvmesh.router.replicas.load import ForeignLoad
+from kvmesh.router.replicas.foreign_load import ForeignLoad
 from kvmesh.router.replicas.replica import INCOMPATIBLE, Replica
 from kvmesh.router.routing.kv_router import KVRouter
 

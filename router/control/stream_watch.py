@@ -31,7 +31,7 @@ import logging
 import time
 
 from kvmesh.replica.serving.load_report import LoadReport
-from kvmesh.router.replicas.load import ForeignLoad
+from kvmesh.router.replicas.foreign_load import ForeignLoad
 from kvmesh.router.replicas.replica import LAGGING, LOST_EVENTS, STALLED, DegradedCause, Replica
 from kvmesh.router.replicas.stream import StreamState
 from kvmesh.router.routing.kv_router import KVRouter

@@ -16,6 +16,7 @@ from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.replica.serving.load_report import DecodeStepLoad, KVLayoutInfo, LoadReport, LoRALoad
 from kvmesh.router.replicas.advertised_layout import read_layout
 from kvmesh.router.replicas.bookings import Bookings, PeerBookings
+from kvmesh.router.replicas.foreign_load import ForeignLoad, foreign_counts
 
 PUBLISHED_FRESH_S = 2.0
 """Seconds a replica's published load is taken over its ``/load`` polls (a replica publishes at least every few
@@ -23,10 +24,6 @@ milliseconds while it has requests, and once a second or so when idle: older, it
 
 RETIRED_EPOCHS = 4
 """Replaced epochs of one replica remembered, so a late update of a run before its restart is not taken."""
-
-ForeignLoad = dict[str, object]
-"""Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
-
 
 @dataclass(slots=True, kw_only=True)
 class ReplicaLoad:
@@ -270,10 +267,8 @@ class ReplicaLoad:
             self.num_kv_blocks = report.num_kv_blocks
             self.reported_at = time.monotonic()
             return
-        self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))
-        self.num_waiting = int(_first(report, _WAITING_KEYS, self.num_waiting))
-        self.kv_usage = float(_first(report, _KV_USAGE_KEYS, self.kv_usage))
-        self.queued_prefill_tokens = int(_first(report, _PREFILL_KEYS, self.queued_prefill_tokens))
+        self.num_running, self.num_waiting, self.kv_usage, self.queued_prefill_tokens = foreign_counts(
+            report, self.num_running, self.num_waiting, self.kv_usage, self.queued_prefill_tokens)
         self.reported_at = time.monotonic()
 
 
@@ -286,17 +281,3 @@ def copy_seconds(num_blocks: int, block_bytes: int | None, bytes_per_s: float | 
         return None
     return num_blocks * block_bytes / bytes_per_s
 
-
-_RUNNING_KEYS = ("num_requests_running", "num_running", "running")
-_WAITING_KEYS = ("num_requests_waiting", "num_waiting", "waiting")
-_KV_USAGE_KEYS = ("kv_cache_usage", "kv_usage")
-_PREFILL_KEYS = ("num_waiting_prefill_tokens", "queued_prefill_tokens")
-
-
-def _first(report: ForeignLoad, keys: tuple[str, ...], default: int | float) -> int | float:
-    """The first of ``keys`` whose value is a number; ``default`` when none is."""
-    for key in keys:
-        value = report.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-    return default
