@@ -1,17 +1,19 @@
-"""Emulated fleet against the simulator: the same Mooncake requests through kvmesh's router in front of N emulated
-replicas (``kvmesh replica --emulate``, one process) and through ``kvmesh sim``; cached prompt share and mean TTFT
-side by side, and the emulator's own lateness (planned step end against actual, p50/p99).
+"""Emulated fleet against the simulator: the same trace requests (Mooncake's, or another trace workload's) through
+kvmesh's router in front of N emulated replicas (``kvmesh replica --emulate``, one process) and through ``kvmesh
+sim``; cached prompt share and mean TTFT side by side, and the emulator's own lateness (planned step end against
+actual, p50/p99).
 
     kvmesh bench emulated_fleet                     # results/emulated_fleet.json: 16 replicas, the first 200 requests,
     4x
+    kvmesh bench emulated_fleet --workload azure_code --speedup 3 --out results/emulated_fleet_azure_code.json
     kvmesh bench emulated_fleet --replicas 4 --num-requests 60 --dilation 2 --out /tmp/emulated_fleet.json
 
-Both sides get the same requests: the trace's first records, prompts cut to ``--max-prompt-tokens`` (16 tokens per
-hash id) and outputs to ``--max-tokens``. The simulator runs its miniature of them (16-token blocks, per-token costs
-x32: model time is the full trace's), the same routing policy, blocks per replica and step budgets; the live
-replicas wait out that same cost model, written as a profile file, times ``--dilation``. The load is sent at the
-trace's timestamps times the dilation, and its TTFTs are divided by it (a slower fleet keeps the machine's own
-lateness a smaller share of each step).
+Both sides get the same requests: the workload's first records (``kvmesh bench load``'s), prompts cut to
+``--max-prompt-tokens`` (16 tokens per hash id) and outputs to ``--max-tokens``. The simulator runs its miniature of
+them (16-token blocks, per-token costs x32: model time is the full trace's), the same routing policy, blocks per
+replica and step budgets; the live replicas wait out that same cost model, written as a profile file, times
+``--dilation``. The load is sent at the trace's timestamps times the dilation (divided by ``--speedup``), and its
+TTFTs are divided by it (a slower fleet keeps the machine's own lateness a smaller share of each step).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def simulate(args: argparse.Namespace, work: Path) -> dict:
     """``kvmesh sim``'s run on the same requests, in its own process (sim/emulated_check.py writes it)."""
     out = work / "sim.json"
     subprocess.run([sys.executable, "-m", "kvmesh.cluster.measure.sim.emulated_check", "--replicas", str(args.replicas),
+                    "--workload", args.workload, "--speedup", f"{args.speedup:g}",
                     "--num-requests", str(args.num_requests), "--max-prompt-tokens", str(args.max_prompt_tokens),
                     "--max-tokens", str(args.max_tokens), "--policy", args.policy, "--seed", str(args.seed),
                     "--capacity-fraction", f"{args.capacity_fraction:g}", "--out", str(out)], check=True)
@@ -57,6 +60,10 @@ def compare(sim: dict, live: dict, dilation: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kvmesh bench emulated_fleet", description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--workload", default="mooncake",
+                    help="a trace workload (kvmesh bench load's), replayed at its records' times: mooncake, azure_code")
+    ap.add_argument("--speedup", type=float, default=1.0,
+                    help="send the records this many times as fast as their times say (in the GPU's time)")
     ap.add_argument("--num-requests", type=int, default=200)
     ap.add_argument("--max-prompt-tokens", type=int, default=1024, help="16 tokens per trace block (512 trace tokens)")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[emulated_fleet] sim: cached {sim['cached_share']:.3f}, TTFT mean {sim['ttft_s']['mean']:.3f} s",
               flush=True)
         settings = LiveSettings(args.replicas, args.num_requests, args.max_prompt_tokens, args.max_tokens,
-                                args.dilation, args.policy, work)
+                                args.dilation, args.policy, work, args.workload, args.speedup)
         live = run_live(settings, sim)
     result = {"bench": "emulated_fleet", "command": "kvmesh bench emulated_fleet " + " ".join(argv or sys.argv[3:]),
               "settings": vars(args), "sim": sim,

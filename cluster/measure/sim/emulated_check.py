@@ -1,8 +1,10 @@
-"""The simulator's half of ``kvmesh bench emulated_fleet``: the trace's first requests as both sides send them, run
-through ``kvmesh sim``'s miniature (16-token blocks, per-token costs x32), written as JSON with each request's TTFT
-and the fleet's sizes, which the live half gives its emulated replicas (the cost model is their profile).
+"""The simulator's half of ``kvmesh bench emulated_fleet``: a trace workload's first requests as both sides send them
+(the Mooncake trace, or another registered workload replayed at its records' times), run through ``kvmesh sim``'s
+miniature (16-token blocks, per-token costs x32), written as JSON with each request's TTFT and the fleet's sizes,
+which the live half gives its emulated replicas (the cost model is their profile).
 
     python -m kvmesh.cluster.measure.sim.emulated_check --replicas 16 --num-requests 200 --out sim.json
+    python -m kvmesh.cluster.measure.sim.emulated_check --workload azure_code --speedup 3 --out sim.json
 """
 
 from __future__ import annotations
@@ -16,18 +18,29 @@ MINIATURE = 32
 """Trace tokens per live token: one 512-token trace block is one 16-token block."""
 
 
-def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int) -> list:
-    """The trace's first records as both sides send them: prompts cut to whole 16-token blocks, outputs capped."""
+def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int, workload: str = "mooncake") -> list:
+    """The workload's first records as both sides send them (``kvmesh bench load``'s records of ``workload``, at its
+    default shape): prompts cut to whole 16-token blocks, outputs capped. A workload of conversations is refused:
+    its turns are sent as earlier ones finish, which no replay at the records' times reproduces."""
+    from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig, WorkloadOptions
     from kvmesh.cluster.measure.sim.request import cut_trace
-    from kvmesh.cluster.measure.workloads.traces import default_trace, read_mooncake
+    from kvmesh.cluster.measure.workloads.registry import get_workload
 
-    records = cut_trace(read_mooncake(default_trace(), limit=num_requests), 0, num_requests,
+    entry = get_workload(workload)
+    if entry.conversation or entry.real_lengths:
+        raise ValueError(f"workload {workload!r} is not replayed at its records' times with 16 tokens per trace "
+                         "block; give a trace workload such as mooncake or azure_code")
+    options = WorkloadOptions(workload=workload, num_requests=num_requests, max_prompt_tokens=max_prompt_tokens,
+                              max_tokens=max_tokens, trace_block_tokens=16)
+    records = cut_trace(entry.make(options.settings(entry, BenchLoadConfig().shape)), 0, num_requests,
                         max_prompt_blocks=max_prompt_tokens // 16)
     return [replace(r, output_length=max(1, min(max_tokens, r.output_length))) for r in records]
 
 
-def simulate(records: list, replicas: int, policy: str, seed: int, capacity_fraction: float) -> dict:
-    """``kvmesh sim``'s run of ``policy`` on the miniature of ``records``: its shares, TTFTs and the fleet it used."""
+def simulate(records: list, replicas: int, policy: str, seed: int, capacity_fraction: float,
+             speedup: float = 1.0) -> dict:
+    """``kvmesh sim``'s run of ``policy`` on the miniature of ``records`` sent ``speedup`` times as fast as their
+    times say: its shares, TTFTs and the fleet it used."""
     from kvmesh.cluster.measure.sim.config import SimConfig, miniature
     from kvmesh.cluster.measure.sim.loop import run_policy
     from kvmesh.cluster.measure.sim.report import summarize
@@ -40,7 +53,7 @@ def simulate(records: list, replicas: int, policy: str, seed: int, capacity_frac
                   for r in requests_from_mooncake(records, 1.0, block))
     per_replica = max(blocks_per_replica(config, records), 2 * largest)
     config = replace(config, blocks_per_replica=per_replica)
-    run = run_policy(policy, requests_from_mooncake(records, 1.0, block), config, per_replica,
+    run = run_policy(policy, requests_from_mooncake(records, 1 / speedup, block), config, per_replica,
                      BlockTokenCache(block, config.vocab_size, config.seed))
     summary = summarize(run)
     return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
@@ -52,6 +65,8 @@ def simulate(records: list, replicas: int, policy: str, seed: int, capacity_frac
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--workload", default="mooncake", help="a trace workload (kvmesh bench load's)")
+    ap.add_argument("--speedup", type=float, default=1.0, help="send the records this many times as fast")
     ap.add_argument("--num-requests", type=int, default=200)
     ap.add_argument("--max-prompt-tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -60,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-fraction", type=float, default=1.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    records = requests(args.num_requests, args.max_prompt_tokens, args.max_tokens)
-    result = simulate(records, args.replicas, args.policy, args.seed, args.capacity_fraction)
+    records = requests(args.num_requests, args.max_prompt_tokens, args.max_tokens, args.workload)
+    result = simulate(records, args.replicas, args.policy, args.seed, args.capacity_fraction, args.speedup)
     Path(args.out).write_text(json.dumps(result))
     return 0
 

@@ -31,6 +31,10 @@ class LiveSettings:
     policy: str
     work: Path
     """A scratch folder: the profile file and the logs."""
+    workload: str = "mooncake"
+    """The trace workload replayed (``kvmesh bench load``'s)."""
+    speedup: float = 1.0
+    """Its records sent this many times as fast as their times say, in the GPU's time."""
 
 
 def kvmesh(*args: str) -> list[str]:
@@ -76,10 +80,10 @@ def start_router(s: LiveSettings, ends: list[dict], procs: list[subprocess.Popen
 
 def replay(s: LiveSettings, url: str) -> dict:
     out = s.work / "load.json"
-    subprocess.run(kvmesh("bench", "load", "--url", url, "--workload", "mooncake", "--num-requests",
+    subprocess.run(kvmesh("bench", "load", "--url", url, "--workload", s.workload, "--num-requests",
                           str(s.num_requests),
                           "--max-prompt-tokens", str(s.max_prompt_tokens), "--max-tokens", str(s.max_tokens),
-                          "--trace-block-tokens", "16", "--mode", "open", "--time-scale", f"{s.dilation:g}",
+                          "--trace-block-tokens", "16", "--mode", "open", "--time-scale", f"{s.dilation / s.speedup:g}",
                           "--no-plot",
                           "--no-progress", "--out", str(out)), check=True, stdout=subprocess.DEVNULL,
                    timeout=600)
