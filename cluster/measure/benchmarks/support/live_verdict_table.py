@@ -13,14 +13,15 @@ REFERENCE = "kvmesh"
 """The router every other is compared with, round by round."""
 
 
-def run_figures(row: dict, slo_s: float, dilation: float) -> dict[str, float]:
-    """One run's figures in the emulated GPU's time."""
+def run_figures(row: dict, slo_s: float, dilation: float) -> dict[str, float | None]:
+    """One run's figures in the emulated GPU's time; the busiest replica's share None where the run has no replica
+    counters (Dynamo's arm: its own workers)."""
     summary, counts = row["summary"], [r["requests"] for r in row["replicas"]]
     ttfts = row["ttft_s"]
     good = sum(t is not None and t / dilation <= slo_s for t in ttfts)
     return {"hit_rate": summary["cached_token_share"], "ttft_mean_s": summary["ttft_s"]["mean"] / dilation,
             "ttft_p50_s": summary["ttft_s"]["p50"] / dilation, "ttft_p99_s": summary["ttft_s"]["p99"] / dilation,
-            "good_share": good / len(ttfts), "busiest": max(counts) / (sum(counts) / len(counts)),
+            "good_share": good / len(ttfts), "busiest": max(counts) / (sum(counts) / len(counts)) if counts else None,
             "errors": summary["errors"]}
 
 
@@ -38,7 +39,8 @@ def verdict_stats(result: dict) -> dict:
                  "ceiling": interval(ceilings) if ceilings else None, "routers": {}}
     ref = runs.get(REFERENCE)
     for name, figures in runs.items():
-        entry = {k: interval([f[k] for f in figures]) for k in figures[0] if k != "errors"}
+        entry = {k: None if any(f[k] is None for f in figures) else interval([f[k] for f in figures])
+                 for k in figures[0] if k != "errors"}
         entry["errors"] = sum(f["errors"] for f in figures)
         entry["rounds"] = len(figures)
         if ref is not None and name != REFERENCE and len(ref) == len(figures):
@@ -73,5 +75,6 @@ def table(results: list[dict]) -> str:
             lines.append(f"| {where} | {'**' + name + '**' if name == REFERENCE else name} | "
                          f"{_pm(s['hit_rate'], '{:.1f}', 100)}%{pool} | {_pm(s['ttft_mean_s'], '{:.2f}')} s | "
                          f"{_pm(s['ttft_p50_s'], '{:.2f}')} s | {_pm(s['ttft_p99_s'], '{:.2f}')} s | "
-                         f"{_pm(s['good_share'], '{:.0f}', 100)}% | {_pm(s['busiest'], '{:.2f}')} | {cmp} |")
+                         f"{_pm(s['good_share'], '{:.0f}', 100)}% | "
+                         f"{_pm(s['busiest'], '{:.2f}') if s['busiest'] else '-'} | {cmp} |")
     return "\n".join(lines)

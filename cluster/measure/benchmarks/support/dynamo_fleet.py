@@ -1,0 +1,129 @@
+"""NVIDIA Dynamo's KV router in front of its own mocker workers, from Dynamo's own virtualenv (``PEERS/dynamo``), given
+what kvmesh's emulated replicas are given: the same step times, block size, KV blocks, step budget and time dilation.
+
+Dynamo's router talks only to Dynamo's workers, so it cannot stand in front of kvmesh's replicas; its mocker is
+Dynamo's counterpart of ``kvmesh replica --emulate`` (a vLLM-like scheduler, real block pools and KV events, the
+forward pass replaced by a wait). The step times go to it as a mocker-format NPZ (``--planner-profile-data``) drawn
+from kvmesh's cost model (replica/emulate/cost_model.py): its prefill time is linear in the step's new tokens, its
+decode time is looked up by the batch's KV tokens and mean context length, which the cost model's per-step,
+per-sequence and per-context-token terms give. The machine runs: frontend (file discovery, TCP request plane,
+ZeroMQ event plane: no etcd, no NATS) and one mocker process holding every worker; the workers at ``nice 15`` as
+kvmesh's fleet is. How to install it: docs/benchmarks/live-verdict.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+PEER = "dynamo"
+"""The arm's name, and its virtualenv's folder under the peers' folder."""
+ACTIVE_KV_TOKENS = (0, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536)
+"""Decode grid: the batch's KV tokens (the mocker interpolates bilinearly between the points)."""
+CONTEXT_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+"""Decode grid: the batch's mean context length."""
+PREFILL_TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)
+"""Prefill points: a step's new prompt tokens (linear, so two would do)."""
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""Dynamo's frontend will not serve a model without a chat template (stories260K has none); the completions the
+benchmark sends never use it."""
+
+
+def dynamo_python(peers: Path) -> Path:
+    """Dynamo's interpreter; a ValueError saying how to install it when it is not there."""
+    python = peers / PEER / "bin" / "python"
+    if not python.exists():
+        raise ValueError(f"Dynamo is not installed at {peers / PEER}: see docs/benchmarks/live-verdict.md, "
+                         "'Dynamo's arm', for the three pip commands")
+    return python
+
+
+def decode_ms(cost: dict, active_kv_tokens: float, context_tokens: float) -> float:
+    """A decode step's milliseconds under kvmesh's cost model, for a batch of ``active_kv_tokens`` KV tokens whose
+    mean context is ``context_tokens`` (so about ``active / context`` sequences). The step's fixed cost rides here:
+    most steps only decode, and the mocker adds a prefill's time to a step that also prefills."""
+    seqs = max(1.0, active_kv_tokens / context_tokens)
+    return 1000 * (cost["step_overhead_s"] + cost["decode_s_per_step"] + cost["decode_s_per_seq"] * seqs
+                   + cost["decode_s_per_context_token"] * active_kv_tokens)
+
+
+def write_profile(cost: dict, path: Path) -> Path:
+    """The mocker-format NPZ of kvmesh's cost model ``cost`` (``CostModel``'s fields, in seconds)."""
+    import numpy as np
+
+    isl = np.array(PREFILL_TOKENS, dtype=float)
+    active, context = np.array(ACTIVE_KV_TOKENS, dtype=float), np.array(CONTEXT_TOKENS, dtype=float)
+    itl = np.array([[decode_ms(cost, a, c) for c in context] for a in active])  # [active, context] ms
+    np.savez(path, prefill_isl=isl, prefill_ttft_ms=1000 * cost["prefill_s_per_token"] * isl,
+             decode_active_kv_tokens=active, decode_context_length=context, decode_itl=itl)
+    return path
+
+
+def model_dir(model: Path, work: Path) -> Path:
+    """``model``'s files linked into ``work/model`` with a chat template added to its tokenizer config."""
+    out = work / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model.iterdir():
+        if f.name != "tokenizer_config.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f.resolve())
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHAT_TEMPLATE}))
+    return out
+
+
+@contextmanager
+def running_dynamo(python: Path, model: Path, profile: Path, sizes: dict, dilation: float, work: Path,
+                   label: str, timeout_s: float = 180.0) -> Iterator[str]:
+    """Dynamo's mocker workers (``sizes``: replicas, blocks_per_replica, max_num_batched_tokens, max_num_seqs,
+    max_model_len) and its frontend with the KV router, fresh (empty caches) until the block ends: the frontend's
+    URL once it lists the model."""
+    from kvmesh.cluster.measure.loadgen.processes import free_port, stop_processes
+
+    discovery = work / f"discovery-{label}"
+    discovery.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(discovery), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    common = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    log = (work / f"dynamo-{label}.log").open("w")
+    try:
+        procs.append(subprocess.Popen(
+            ["nice", "-n", "15", str(python), "-m", "dynamo.mocker", "--model-path", str(model), *common,
+             "--num-workers", str(sizes["replicas"]), "--num-gpu-blocks-override", str(sizes["blocks_per_replica"]),
+             "--block-size", "16", "--max-num-batched-tokens", str(sizes["max_num_batched_tokens"]),
+             "--max-num-seqs", str(sizes["max_num_seqs"]), "--max-model-len", str(sizes["max_model_len"]),
+             "--speedup-ratio", f"{1 / dilation:g}", "--planner-profile-data", str(profile)],
+            env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen([str(python), "-m", "dynamo.frontend", "--http-port", str(port),
+                                       "--router-mode", "kv", *common], env=env, stdout=log, stderr=subprocess.STDOUT))
+        url = f"http://127.0.0.1:{port}"
+        _wait_for_model(url, procs, timeout_s, work / f"dynamo-{label}.log")
+        yield url
+    finally:
+        stop_processes(procs, 15)
+        log.close()
+
+
+def _wait_for_model(url: str, procs: list[subprocess.Popen], timeout_s: float, log: Path) -> None:
+    """Until the frontend lists a model, then a few seconds more for every worker to register with it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"Dynamo's {p.args[4]} exited with code {p.returncode}; its log: {log}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as resp:
+                if json.loads(resp.read()).get("data"):
+                    time.sleep(5.0)
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"Dynamo's frontend listed no model within {timeout_s:.0f} s; its log: {log}")
