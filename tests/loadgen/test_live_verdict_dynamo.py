@@ -98,3 +98,4 @@ def test_a_round_through_dynamos_router_and_mocker_workers(tmp_path, capsys):
     assert row["router"] == "dynamo" and row["summary"]["errors"] == 0 and row["summary"]["requests"] == 6
     assert row["summary"]["cached_token_share"] > 0  # the two tenants' system prompts, found by its KV router
     assert out["dynamo"]["version"] != "unknown"
+    assert row["cpu_s"]["workers"] > 0 and row["cpu_s"]["frontend"] > 0 and row["cpu_s"]["wall"] > 0

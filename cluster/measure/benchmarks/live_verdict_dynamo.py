@@ -64,11 +64,14 @@ async def run_rounds(args: argparse.Namespace, verdict: dict, work: Path) -> lis
                               BENCH_LOAD_SCHEMA)
     rows = []
     for rnd in range(args.rounds):
-        with running_dynamo(python, model, profile, sizes, fleet["dilation"], work, f"round{rnd}") as url:
-            out = await run_bench(replace(config, endpoint=replace(config.endpoint, url=url)),
+        with running_dynamo(python, model, profile, sizes, fleet["dilation"], work, f"round{rnd}") as dynamo:
+            before = dynamo.cpu_s()
+            out = await run_bench(replace(config, endpoint=replace(config.endpoint, url=dynamo.url)),
                                   f"{PEER}/{settings['workload']} round {rnd}", progress=False)
+            cpu = [b - a for a, b in zip(before, dynamo.cpu_s(), strict=True)]
         rows.append({"round": rnd, "router": PEER, "workload": settings["workload"], "summary": out["summary"],
-                     "replicas": [], "ttft_s": _ttfts(out["requests"])})
+                     "replicas": [], "ttft_s": _ttfts(out["requests"]),
+                     "cpu_s": {"workers": cpu[0], "frontend": cpu[1], "wall": out["summary"]["duration_s"]}})
         print(_line(rows[-1]), flush=True)
     return rows
 

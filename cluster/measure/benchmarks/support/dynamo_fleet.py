@@ -20,6 +20,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 PEER = "dynamo"
@@ -78,12 +79,29 @@ def model_dir(model: Path, work: Path) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class DynamoFleet:
+    """A running frontend and its mocker workers."""
+
+    url: str
+    """The frontend's OpenAI endpoint."""
+    procs: tuple[subprocess.Popen, ...]
+    """The mocker's process and the frontend's."""
+
+    def cpu_s(self) -> tuple[float, float]:
+        """CPU seconds so far of the mocker's workers and of the frontend (their process trees)."""
+        from kvmesh.cluster.measure.benchmarks.support.peer_load import tree_cpu_seconds
+
+        mocker, frontend = self.procs
+        return tree_cpu_seconds(mocker.pid), tree_cpu_seconds(frontend.pid)
+
+
 @contextmanager
 def running_dynamo(python: Path, model: Path, profile: Path, sizes: dict, dilation: float, work: Path,
-                   label: str, timeout_s: float = 180.0) -> Iterator[str]:
+                   label: str, timeout_s: float = 180.0) -> Iterator[DynamoFleet]:
     """Dynamo's mocker workers (``sizes``: replicas, blocks_per_replica, max_num_batched_tokens, max_num_seqs,
-    max_model_len) and its frontend with the KV router, fresh (empty caches) until the block ends: the frontend's
-    URL once it lists the model."""
+    max_model_len) and its frontend with the KV router, fresh (empty caches) until the block ends, from when the
+    frontend lists the model."""
     from kvmesh.cluster.measure.loadgen.processes import free_port, stop_processes
 
     discovery = work / f"discovery-{label}"
@@ -105,7 +123,7 @@ def running_dynamo(python: Path, model: Path, profile: Path, sizes: dict, dilati
                                        "--router-mode", "kv", *common], env=env, stdout=log, stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{port}"
         _wait_for_model(url, procs, timeout_s, work / f"dynamo-{label}.log")
-        yield url
+        yield DynamoFleet(url, tuple(procs))
     finally:
         stop_processes(procs, 15)
         log.close()
