@@ -22,8 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.dynamo_fleet import PEER
-
-MAX_MODEL_LEN = 8192
+from kvmesh.cluster.measure.benchmarks.support.emulated_fleet_live import MAX_MODEL_LEN
 
 
 def load_argv(settings: dict) -> list[str]:
