@@ -61,11 +61,14 @@ def test_dynamos_rounds_replace_its_earlier_ones_and_show_in_the_table():
     verdict = {"settings": {"workload": "chatbot"}, "fleet": {"dilation": 4.0, "rate": 2.5},
                "stats": {"chatbot": {"kvmesh": {}, "dynamo": {}}},
                "rows": [_row(0, "kvmesh", 2.0, [1, 1]), _row(0, "dynamo", 9.0, [])]}
-    out = add_rows(verdict, [_row(0, "dynamo", 4.0, [])], "kvmesh bench live_verdict_dynamo --verdict v.json", "1.6.1")
-    assert [r["router"] for r in out["rows"]] == ["kvmesh", "dynamo"]
-    assert out["stats"]["chatbot"]["dynamo"]["ttft_mean_s"][0] == 4.0
+    verdict["rows"].append(_row(1, "kvmesh", 2.0, [1, 1]))
+    out = add_rows(verdict, [_row(0, "dynamo", 4.0, []), _row(1, "dynamo", 4.0, [])],
+                   "kvmesh bench live_verdict_dynamo --verdict v.json", "1.6.1")
+    assert [r["router"] for r in out["rows"]] == ["kvmesh", "kvmesh", "dynamo", "dynamo"]
+    dynamo = out["stats"]["chatbot"]["dynamo"]
+    assert dynamo["ttft_mean_s"] == (4.0, 0.0) and dynamo["load_imbalance"] is None  # no counters: no spread
     assert out["dynamo"] == {"command": "kvmesh bench live_verdict_dynamo --verdict v.json", "version": "1.6.1",
-                             "rounds": 1}
+                             "rounds": 2}
     assert "| chatbot, 2.5/s | dynamo | 50.0 ± 0.0% | 1.00 ± 0.00 s | 1.00 ± 0.00 s | 1.00 ± 0.00 s | 100 ± 0% | - |" \
         in table([out])
 

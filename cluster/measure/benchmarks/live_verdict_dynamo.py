@@ -72,6 +72,8 @@ async def run_rounds(args: argparse.Namespace, verdict: dict, work: Path) -> lis
                      "replicas": [], "ttft_s": _ttfts(out["requests"]),
                      "cpu_s": {"workers": cpu[0], "frontend": cpu[1], "wall": out["summary"]["duration_s"]}})
         print(_line(rows[-1]), flush=True)
+        with (work / "rows.jsonl").open("a") as f:  # kept whatever happens to the rounds after it
+            f.write(json.dumps(rows[-1]) + "\n")
     return rows
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -133,8 +134,9 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
                    if r["router"] == n and r["workload"] == w] for n in names}
         out[w] = {}
         for n, runs in per.items():
-            entry = {k: interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s",
-                                                                 "load_imbalance")}
+            entry = {k: interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s")}
+            spread = [r["load_imbalance"] for r in runs]  # nan: no replica counters (another fleet's arm)
+            entry["load_imbalance"] = None if any(math.isnan(x) for x in spread) else interval(spread)
             entry["errors"] = sum(r["errors"] for r in runs)
             entry["requests"] = sum(r["requests"] for r in runs)
             ref = per.get(REFERENCE)
@@ -164,7 +166,8 @@ def table(result: dict) -> str:
                    if vs else "- | -")
             lines.append(f"| {w} | {label} | {_pm(s['hit_rate'], '{:.1f}', 100)}% | "
                          f"{_pm(s['ttft_mean_s'], '{:.0f}', 1e3)} ms | {_pm(s['ttft_p50_s'], '{:.0f}', 1e3)} ms | "
-                         f"{cmp} | {_pm(s['load_imbalance'], '{:.2f}')} | {s['errors']} of {s['requests']} |")
+                         f"{cmp} | {_pm(s['load_imbalance'], '{:.2f}') if s['load_imbalance'] else '-'} | "
+                         f"{s['errors']} of {s['requests']} |")
     return "\n".join(lines)
 
 
