@@ -67,8 +67,11 @@ def test_dynamos_rounds_replace_its_earlier_ones_and_show_in_the_table():
     assert [r["router"] for r in out["rows"]] == ["kvmesh", "kvmesh", "dynamo", "dynamo"]
     dynamo = out["stats"]["chatbot"]["dynamo"]
     assert dynamo["ttft_mean_s"] == (4.0, 0.0) and dynamo["load_imbalance"] is None  # no counters: no spread
-    assert out["dynamo"] == {"command": "kvmesh bench live_verdict_dynamo --verdict v.json", "version": "1.6.1",
-                             "rounds": 2}
+    assert out["dynamo"] == {"dynamo": {"command": "kvmesh bench live_verdict_dynamo --verdict v.json",
+                                        "version": "1.6.1", "rounds": 2}}
+    rr = add_rows(out, [{**_row(0, "dynamo:round-robin", 8.0, [])}], "... --router-mode round-robin", "1.6.1")
+    assert list(rr["stats"]["chatbot"]) == ["kvmesh", "dynamo", "dynamo:round-robin"]  # another arm, kept apart
+    assert list(rr["dynamo"]) == ["dynamo", "dynamo:round-robin"]
     assert "| chatbot, 2.5/s | dynamo | 50.0 ± 0.0% | 1.00 ± 0.00 s | 1.00 ± 0.00 s | 1.00 ± 0.00 s | 100 ± 0% | - |" \
         in table([out])
 
@@ -100,5 +103,5 @@ def test_a_round_through_dynamos_router_and_mocker_workers(tmp_path, capsys):
     (row,) = out["rows"]
     assert row["router"] == "dynamo" and row["summary"]["errors"] == 0 and row["summary"]["requests"] == 6
     assert row["summary"]["cached_token_share"] > 0  # the two tenants' system prompts, found by its KV router
-    assert out["dynamo"]["version"] != "unknown"
+    assert out["dynamo"]["dynamo"]["version"] != "unknown"
     assert row["cpu_s"]["workers"] > 0 and row["cpu_s"]["frontend"] > 0 and row["cpu_s"]["wall"] > 0

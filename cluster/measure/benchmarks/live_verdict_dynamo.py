@@ -61,20 +61,27 @@ async def run_rounds(args: argparse.Namespace, verdict: dict, work: Path) -> lis
     settings = verdict["settings"]
     config = config_from_args(build_parser().parse_args(["--url", "http://unused", *load_argv(settings)]),
                               BENCH_LOAD_SCHEMA)
+    arm = arm_name(args.router_mode)
     rows = []
     for rnd in range(args.rounds):
-        with running_dynamo(python, model, profile, sizes, fleet["dilation"], work, f"round{rnd}") as dynamo:
+        with running_dynamo(python, model, profile, sizes, fleet["dilation"], work, f"{arm}-round{rnd}",
+                            args.router_mode) as dynamo:
             before = dynamo.cpu_s()
             out = await run_bench(replace(config, endpoint=replace(config.endpoint, url=dynamo.url)),
-                                  f"{PEER}/{settings['workload']} round {rnd}", progress=False)
+                                  f"{arm}/{settings['workload']} round {rnd}", progress=False)
             cpu = [b - a for a, b in zip(before, dynamo.cpu_s(), strict=True)]
-        rows.append({"round": rnd, "router": PEER, "workload": settings["workload"], "summary": out["summary"],
+        rows.append({"round": rnd, "router": arm, "workload": settings["workload"], "summary": out["summary"],
                      "replicas": [], "ttft_s": _ttfts(out["requests"]),
                      "cpu_s": {"workers": cpu[0], "frontend": cpu[1], "wall": out["summary"]["duration_s"]}})
         print(_line(rows[-1]), flush=True)
         with (work / "rows.jsonl").open("a") as f:  # kept whatever happens to the rounds after it
             f.write(json.dumps(rows[-1]) + "\n")
     return rows
+
+
+def arm_name(router_mode: str) -> str:
+    """The arm's name in the results: ``dynamo`` at its KV router, ``dynamo:MODE`` at another mode."""
+    return PEER if router_mode == "kv" else f"{PEER}:{router_mode}"
 
 
 def dynamo_version(peers: Path) -> str:
@@ -84,15 +91,17 @@ def dynamo_version(peers: Path) -> str:
 
 
 def add_rows(verdict: dict, rows: list[dict], command: str, version: str) -> dict:
-    """``verdict`` with Dynamo's rows in place of any it had, its stats recomputed and the command recorded."""
+    """``verdict`` with the arm's rows (one arm: ``rows[0]["router"]``) in place of any it had, its stats recomputed
+    and the command recorded under ``dynamo`` (per arm)."""
     from kvmesh.cluster.measure.loadgen.live_compare import stats
 
-    workload = verdict["settings"]["workload"]
-    kept = [r for r in verdict["rows"] if r["router"] != PEER]
-    names = [n for n in verdict["stats"][workload] if n != PEER] + [PEER]
+    workload, arm = verdict["settings"]["workload"], rows[0]["router"]
+    kept = [r for r in verdict["rows"] if r["router"] != arm]
+    names = [n for n in verdict["stats"][workload] if n != arm] + [arm]
     verdict = verdict | {"rows": kept + rows}
     verdict["stats"] = stats(verdict["rows"], names, [workload])
-    verdict["dynamo"] = {"command": command, "version": version, "rounds": len(rows)}
+    verdict["dynamo"] = verdict.get("dynamo", {}) | {arm: {"command": command, "version": version,
+                                                           "rounds": len(rows)}}
     return verdict
 
 
@@ -107,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-dir", default=None, help="the peers' virtualenvs (default: ../peers); Dynamo's: dynamo/")
     ap.add_argument("--work", default=None, help="a folder for the profile, the model's copy and the logs")
     ap.add_argument("--no-plot", action="store_true", help="leave the verdict's plot as it is")
+    ap.add_argument("--router-mode", default="kv",
+                    help="Dynamo's --router-mode: kv (its KV router, the arm), or round-robin to check its workers "
+                         "against the verdict's vllm-router:round_robin (same routing, other replicas)")
     args = ap.parse_args(argv)
     path = Path(args.verdict)
     verdict = json.loads(path.read_text())

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PEER = "dynamo"
-"""The arm's name, and its virtualenv's folder under the peers' folder."""
+"""The arm's name (at the KV router; ``dynamo:MODE`` at another ``--router-mode``), and its virtualenv's folder under
+the peers' folder."""
 ACTIVE_KV_TOKENS = (0, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536)
 """Decode grid: the batch's KV tokens (the mocker interpolates bilinearly between the points)."""
 CONTEXT_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -98,10 +99,10 @@ class DynamoFleet:
 
 @contextmanager
 def running_dynamo(python: Path, model: Path, profile: Path, sizes: dict, dilation: float, work: Path,
-                   label: str, timeout_s: float = 180.0) -> Iterator[DynamoFleet]:
+                   label: str, router_mode: str = "kv", timeout_s: float = 180.0) -> Iterator[DynamoFleet]:
     """Dynamo's mocker workers (``sizes``: replicas, blocks_per_replica, max_num_batched_tokens, max_num_seqs,
-    max_model_len) and its frontend with the KV router, fresh (empty caches) until the block ends, from when the
-    frontend lists the model."""
+    max_model_len) and its frontend with its router at ``router_mode`` (its KV router by default), fresh (empty
+    caches) until the block ends, from when the frontend lists the model."""
     from kvmesh.cluster.measure.loadgen.processes import free_port, stop_processes
 
     discovery = work / f"discovery-{label}"
@@ -120,7 +121,8 @@ def running_dynamo(python: Path, model: Path, profile: Path, sizes: dict, dilati
              "--speedup-ratio", f"{1 / dilation:g}", "--planner-profile-data", str(profile)],
             env=env, stdout=log, stderr=subprocess.STDOUT))
         procs.append(subprocess.Popen([str(python), "-m", "dynamo.frontend", "--http-port", str(port),
-                                       "--router-mode", "kv", *common], env=env, stdout=log, stderr=subprocess.STDOUT))
+                                       "--router-mode", router_mode, *common],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{port}"
         _wait_for_model(url, procs, timeout_s, work / f"dynamo-{label}.log")
         yield DynamoFleet(url, tuple(procs))
