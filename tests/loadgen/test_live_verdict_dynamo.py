@@ -76,6 +76,33 @@ def test_dynamos_rounds_replace_its_earlier_ones_and_show_in_the_table():
         in table([out])
 
 
+def test_dynamos_ttft_is_its_routers_mean_and_its_percentiles_are_not_claimed():
+    """The mocker's tokens decode to no text, so the client's first chunk is the last: the row's TTFT is the
+    router's histogram mean, and what a histogram cannot give exactly (p50, p99, goodput) is shown as unknown."""
+    from kvmesh.cluster.measure.benchmarks.live_verdict_dynamo import frontend_timed_row
+    from kvmesh.cluster.measure.benchmarks.support.dynamo_fleet import ttft_totals
+    from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import table
+
+    page = ("# TYPE dynamo_component_router_time_to_first_token_seconds histogram\n"
+            'dynamo_component_router_time_to_first_token_seconds_bucket{worker_id="a",le="10"} 1\n'
+            'dynamo_component_router_time_to_first_token_seconds_sum{worker_id="a"} 4.0\n'
+            'dynamo_component_router_time_to_first_token_seconds_count{worker_id="a"} 1\n'
+            'dynamo_component_router_time_to_first_token_seconds_sum{worker_id="b"} 2.0\n'
+            'dynamo_component_router_time_to_first_token_seconds_count{worker_id="b"} 1\n'
+            'dynamo_frontend_time_to_first_token_seconds_sum{model="m"} 0\n'
+            'dynamo_frontend_inter_token_latency_seconds_sum{model="m"} 99\n')
+    assert ttft_totals(page) == {"sum": 6.0, "count": 2.0}
+    client = _row(0, "dynamo", 9.0, [])
+    row = frontend_timed_row(0, "dynamo", "chatbot", {"summary": client["summary"], "requests": [
+        {"ttft_s": 9.0, "ok": True}, {"ttft_s": 9.0, "ok": True}]}, ttft_totals(page))
+    assert row["summary"]["ttft_s"]["mean"] == 3.0 and row["summary"]["client_ttft_s"]["mean"] == 9.0
+    verdict = {"settings": {"workload": "chatbot"}, "fleet": {"dilation": 1.0, "rate": 2.5},
+               "stats": {"chatbot": {"kvmesh": {}}}, "rows": [_row(0, "kvmesh", 2.0, [1, 1])]}
+    out = add_rows(verdict, [row], "cmd", "1.6.1")
+    assert "| chatbot, 2.5/s | dynamo | 50.0 ± 0.0% | 3.00 ± 0.00 s | - | - | - | - | +0.0 ± 0.0 | -33 ± 0% | - |" \
+        in table([out])
+
+
 def test_the_load_is_the_verdicts():
     settings = {"workload": "mooncake", "num_prefixes": 8, "num_requests": 160, "max_prompt_tokens": 1024,
                 "max_tokens": 64, "rate": 1.75, "tokens_per_word": 2.36, "seed": 0}
@@ -102,6 +129,7 @@ def test_a_round_through_dynamos_router_and_mocker_workers(tmp_path, capsys):
     out = json.loads(path.read_text())
     (row,) = out["rows"]
     assert row["router"] == "dynamo" and row["summary"]["errors"] == 0 and row["summary"]["requests"] == 6
+    assert row["summary"]["ttft_s"]["count"] == 6 and row["summary"]["ttft_s"]["mean"] > 0  # the router's own
     assert row["summary"]["cached_token_share"] > 0  # the two tenants' system prompts, found by its KV router
     assert out["dynamo"]["dynamo"]["version"] != "unknown"
     assert row["cpu_s"]["workers"] > 0 and row["cpu_s"]["frontend"] > 0 and row["cpu_s"]["wall"] > 0

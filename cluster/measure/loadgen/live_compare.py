@@ -110,7 +110,8 @@ def router_ceiling(url: str) -> dict:
 def _line(row: dict) -> str:
     s = row["summary"]
     ttft = s["ttft_s"]
-    timing = f"TTFT mean {ttft['mean']:.3f} s  p50 {ttft['p50']:.3f} s" if ttft["mean"] is not None else "no TTFT"
+    p50 = f"  p50 {ttft['p50']:.3f} s" if ttft.get("p50") is not None else ""
+    timing = f"TTFT mean {ttft['mean']:.3f} s{p50}" if ttft["mean"] is not None else "no TTFT"
     return (f"  round {row['round']} {row['workload']:<10} {row['router']:<22} "
             f"cached {100 * s['cached_token_share']:5.1f}%  {timing}  errors {s['errors']}")
 
@@ -134,9 +135,8 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
                    if r["router"] == n and r["workload"] == w] for n in names}
         out[w] = {}
         for n, runs in per.items():
-            entry = {k: interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s")}
-            spread = [r["load_imbalance"] for r in runs]  # nan: no replica counters (another fleet's arm)
-            entry["load_imbalance"] = None if any(math.isnan(x) for x in spread) else interval(spread)
+            entry = {k: _interval_of([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s",
+                                                                      "load_imbalance")}
             entry["errors"] = sum(r["errors"] for r in runs)
             entry["requests"] = sum(r["requests"] for r in runs)
             ref = per.get(REFERENCE)
@@ -147,6 +147,16 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
                     "ttft_mean_ratio": interval([a["ttft_mean_s"] / b["ttft_mean_s"] - 1 for a, b in pairs])}
             out[w][n] = entry
     return out
+
+
+def _interval_of(values: list[float | None]) -> tuple[float, float] | None:
+    """``interval``, or None where a run has no such figure (None, or nan: an arm on another fleet, without replica
+    counters or per-request TTFTs)."""
+    from kvmesh.cluster.measure.loadgen.intervals import interval
+
+    if any(v is None or math.isnan(v) for v in values):
+        return None
+    return interval(values)  # type: ignore[arg-type]
 
 
 def _pm(pair: list[float] | tuple[float, float], fmt: str, scale: float = 1.0) -> str:

@@ -32,6 +32,9 @@ CONTEXT_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 """Decode grid: the batch's mean context length."""
 PREFILL_TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)
 """Prefill points: a step's new prompt tokens (linear, so two would do)."""
+TTFT_METRIC = "dynamo_component_router_time_to_first_token_seconds"
+"""Dynamo's router's histogram of time to first token, per worker, from routing to the worker's first token (its
+frontend's own ``dynamo_frontend_time_to_first_token_seconds`` counts no streamed request whose text is empty)."""
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 """Dynamo's frontend will not serve a model without a chat template (stories260K has none); the completions the
@@ -89,12 +92,30 @@ class DynamoFleet:
     procs: tuple[subprocess.Popen, ...]
     """The mocker's process and the frontend's."""
 
+    def frontend_ttft(self) -> dict[str, float]:
+        """The router's own time-to-first-token histogram so far (``TTFT_METRIC``): its ``sum`` and ``count`` over
+        every worker. The mocker's tokens decode to no text, so the frontend streams nothing before the last chunk,
+        and a client's first chunk comes at the end: only the router sees the first token."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+            return ttft_totals(resp.read().decode())
+
     def cpu_s(self) -> tuple[float, float]:
         """CPU seconds so far of the mocker's workers and of the frontend (their process trees)."""
         from kvmesh.cluster.measure.benchmarks.support.peer_load import tree_cpu_seconds
 
         mocker, frontend = self.procs
         return tree_cpu_seconds(mocker.pid), tree_cpu_seconds(frontend.pid)
+
+
+def ttft_totals(metrics: str) -> dict[str, float]:
+    """``sum`` and ``count`` of the router's TTFT histogram in a Prometheus text page, over every label set."""
+    totals = {"sum": 0.0, "count": 0.0}
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        for kind in totals:
+            if name.startswith(f"{TTFT_METRIC}_{kind}"):  # name{labels} or bare
+                totals[kind] += float(value.split()[0])
+    return totals
 
 
 @contextmanager

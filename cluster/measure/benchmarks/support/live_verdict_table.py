@@ -14,15 +14,19 @@ REFERENCE = "kvmesh"
 
 
 def run_figures(row: dict, slo_s: float, dilation: float) -> dict[str, float | None]:
-    """One run's figures in the emulated GPU's time; the busiest replica's share None where the run has no replica
-    counters (Dynamo's arm: its own workers)."""
+    """One run's figures in the emulated GPU's time; None where the run does not have them (Dynamo's arm: no replica
+    counters, and only its router's mean TTFT)."""
     summary, counts = row["summary"], [r["requests"] for r in row["replicas"]]
-    ttfts = row["ttft_s"]
-    good = sum(t is not None and t / dilation <= slo_s for t in ttfts)
-    return {"hit_rate": summary["cached_token_share"], "ttft_mean_s": summary["ttft_s"]["mean"] / dilation,
-            "ttft_p50_s": summary["ttft_s"]["p50"] / dilation, "ttft_p99_s": summary["ttft_s"]["p99"] / dilation,
-            "good_share": good / len(ttfts), "busiest": max(counts) / (sum(counts) / len(counts)) if counts else None,
+    ttfts, ttft = row["ttft_s"], summary["ttft_s"]
+    good = None if ttfts is None else sum(t is not None and t / dilation <= slo_s for t in ttfts) / len(ttfts)
+    return {"hit_rate": summary["cached_token_share"], "ttft_mean_s": _undilated(ttft["mean"], dilation),
+            "ttft_p50_s": _undilated(ttft["p50"], dilation), "ttft_p99_s": _undilated(ttft["p99"], dilation),
+            "good_share": good, "busiest": max(counts) / (sum(counts) / len(counts)) if counts else None,
             "errors": summary["errors"]}
+
+
+def _undilated(seconds: float | None, dilation: float) -> float | None:
+    return None if seconds is None else seconds / dilation
 
 
 def verdict_stats(result: dict) -> dict:
@@ -46,17 +50,27 @@ def verdict_stats(result: dict) -> dict:
         if ref is not None and name != REFERENCE and len(ref) == len(figures):
             pairs = list(zip(ref, figures, strict=True))
             entry["vs_reference"] = {
-                "hit_points": interval([100 * (a["hit_rate"] - b["hit_rate"]) for a, b in pairs]),
-                "ttft_mean_ratio": interval([a["ttft_mean_s"] / b["ttft_mean_s"] - 1 for a, b in pairs]),
-                "ttft_p99_ratio": interval([a["ttft_p99_s"] / b["ttft_p99_s"] - 1 for a, b in pairs]),
-                "good_points": interval([100 * (a["good_share"] - b["good_share"]) for a, b in pairs])}
+                "hit_points": _paired(pairs, "hit_rate", lambda a, b: 100 * (a - b)),
+                "ttft_mean_ratio": _paired(pairs, "ttft_mean_s", lambda a, b: a / b - 1),
+                "ttft_p99_ratio": _paired(pairs, "ttft_p99_s", lambda a, b: a / b - 1),
+                "good_points": _paired(pairs, "good_share", lambda a, b: 100 * (a - b))}
         out["routers"][name] = entry
     return out
 
 
-def _pm(pair: tuple[float, float] | list[float], fmt: str, scale: float = 1.0) -> str:
+def _paired(pairs: list, key: str, diff) -> tuple[float, float] | None:
+    """The interval of ``diff(kvmesh's, its)`` over the rounds; None where either lacks the figure."""
+    if any(a[key] is None or b[key] is None for a, b in pairs):
+        return None
+    return interval([diff(a[key], b[key]) for a, b in pairs])
+
+
+def _pm(pair: tuple[float, float] | list[float] | None, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    """``mean ± half`` with its unit; "-" for a figure the arm does not have."""
+    if pair is None:
+        return "-"
     mean, half = pair
-    return f"{fmt.format(scale * mean)} ± {fmt.replace('+', '').format(scale * half)}"
+    return f"{fmt.format(scale * mean)} ± {fmt.replace('+', '').format(scale * half)}{unit}"
 
 
 def table(results: list[dict]) -> str:
@@ -69,12 +83,12 @@ def table(results: list[dict]) -> str:
         where = f"{v['workload']}, {v['rate']:g}/s"
         for name, s in v["routers"].items():
             vs = s.get("vs_reference")
-            cmp = (f"{_pm(vs['hit_points'], '{:+.1f}')} | {_pm(vs['ttft_mean_ratio'], '{:+.0f}', 100)}% | "
+            cmp = (f"{_pm(vs['hit_points'], '{:+.1f}')} | {_pm(vs['ttft_mean_ratio'], '{:+.0f}', 100, '%')} | "
                    f"{_pm(vs['good_points'], '{:+.1f}')}" if vs else "- | - | -")
-            pool = f" ({_pm(v['ceiling'], '{:.1f}', 100)}%)" if name == REFERENCE and v["ceiling"] else ""
+            pool = f" ({_pm(v['ceiling'], '{:.1f}', 100, '%')})" if name == REFERENCE and v["ceiling"] else ""
             lines.append(f"| {where} | {'**' + name + '**' if name == REFERENCE else name} | "
-                         f"{_pm(s['hit_rate'], '{:.1f}', 100)}%{pool} | {_pm(s['ttft_mean_s'], '{:.2f}')} s | "
-                         f"{_pm(s['ttft_p50_s'], '{:.2f}')} s | {_pm(s['ttft_p99_s'], '{:.2f}')} s | "
-                         f"{_pm(s['good_share'], '{:.0f}', 100)}% | "
-                         f"{_pm(s['busiest'], '{:.2f}') if s['busiest'] else '-'} | {cmp} |")
+                         f"{_pm(s['hit_rate'], '{:.1f}', 100, '%')}{pool} | "
+                         f"{_pm(s['ttft_mean_s'], '{:.2f}', 1, ' s')} | "
+                         f"{_pm(s['ttft_p50_s'], '{:.2f}', 1, ' s')} | {_pm(s['ttft_p99_s'], '{:.2f}', 1, ' s')} | "
+                         f"{_pm(s['good_share'], '{:.0f}', 100, '%')} | {_pm(s['busiest'], '{:.2f}')} | {cmp} |")
     return "\n".join(lines)
