@@ -51,7 +51,8 @@ def _row(rnd: int, router: str, ttfts: list, cached: float, counts: list, ceilin
     row = {"round": rnd, "router": router, "workload": "chatbot", "ttft_s": ttfts,
            "replicas": [{"requests": c} for c in counts],
            "summary": {"cached_token_share": cached, "errors": ttfts.count(None),
-                       "ttft_s": {"mean": sum(ok) / len(ok), "p50": ok[len(ok) // 2], "p99": ok[-1]}}}
+                       "ttft_s": {"mean": sum(ok) / len(ok), "p50": ok[len(ok) // 2], "p99": ok[-1]},
+                       "e2e_s": {"mean": 2 * sum(ok) / len(ok)}}}
     return row | ({"ceiling": {"hit_rate": ceiling, "miss_tokens": {}}} if ceiling is not None else {})
 
 

@@ -1,9 +1,9 @@
 """The live verdict's figures (``kvmesh bench live_verdict``'s results files): per router, the mean over the rounds
-of the cached prompt share, mean / p50 / p99 TTFT, goodput (the share of requests whose first token came within
-the workload's TTFT target) and the busiest replica's requests over the mean, each with its 95% interval; against
-kvmesh's router, the same round's differences (paired). TTFTs and the target are in the emulated GPU's time: the
-live figures divided by the fleet's time dilation. Beside them, the single pool's hit share of the same requests
-(kvmesh's router's live ceiling, ``kvmesh_router_ceiling_hit_ratio``)."""
+of the cached prompt share, mean / p50 / p99 TTFT, the mean end-to-end time, goodput (the share of requests whose
+first token came within the workload's TTFT target) and the busiest replica's requests over the mean, each with its
+95% interval; against kvmesh's router, the same round's differences (paired). Times and the target are in the
+emulated GPU's time: the live figures divided by the fleet's time dilation. Beside them, the single pool's hit share
+of the same requests (kvmesh's router's live ceiling, ``kvmesh_router_ceiling_hit_ratio``)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def run_figures(row: dict, slo_s: float, dilation: float) -> dict[str, float | N
     good = None if ttfts is None else sum(t is not None and t / dilation <= slo_s for t in ttfts) / len(ttfts)
     return {"hit_rate": summary["cached_token_share"], "ttft_mean_s": _undilated(ttft["mean"], dilation),
             "ttft_p50_s": _undilated(ttft["p50"], dilation), "ttft_p99_s": _undilated(ttft["p99"], dilation),
+            "e2e_mean_s": _undilated(summary["e2e_s"]["mean"], dilation),
             "good_share": good, "busiest": max(counts) / (sum(counts) / len(counts)) if counts else None,
             "errors": summary["errors"]}
 
@@ -76,8 +77,8 @@ def _pm(pair: tuple[float, float] | list[float] | None, fmt: str, scale: float =
 def table(results: list[dict]) -> str:
     """A row per results file and router."""
     lines = ["| workload, rate | router | cached prompt tokens (single pool) | mean TTFT | TTFT p50 | TTFT p99 | "
-             "goodput | busiest / mean | kvmesh minus it: cached (points) | kvmesh's mean TTFT / its - 1 | "
-             "kvmesh minus it: goodput (points) |", "|---" * 11 + "|"]
+             "mean end-to-end | goodput | busiest / mean | kvmesh minus it: cached (points) | "
+             "kvmesh's mean TTFT / its - 1 | kvmesh minus it: goodput (points) |", "|---" * 12 + "|"]
     for result in results:
         v = verdict_stats(result)
         where = f"{v['workload']}, {v['rate']:g}/s"
@@ -90,5 +91,6 @@ def table(results: list[dict]) -> str:
                          f"{_pm(s['hit_rate'], '{:.1f}', 100, '%')}{pool} | "
                          f"{_pm(s['ttft_mean_s'], '{:.2f}', 1, ' s')} | "
                          f"{_pm(s['ttft_p50_s'], '{:.2f}', 1, ' s')} | {_pm(s['ttft_p99_s'], '{:.2f}', 1, ' s')} | "
+                         f"{_pm(s['e2e_mean_s'], '{:.2f}', 1, ' s')} | "
                          f"{_pm(s['good_share'], '{:.0f}', 100, '%')} | {_pm(s['busiest'], '{:.2f}')} | {cmp} |")
     return "\n".join(lines)
