@@ -57,3 +57,17 @@ def test_mooncake_is_the_traces_first_records_cut_to_the_prompt_budget():
 def test_a_workload_not_replayed_at_its_records_times_is_refused_by_name(workload):
     with pytest.raises(ValueError, match=f"workload '{workload}' is not replayed"):
         requests(N, PROMPT, OUT, workload)
+
+
+def test_the_validation_table_says_which_margins_a_workload_is_outside():
+    from kvmesh.cluster.measure.benchmarks.emulated_fleet import compare, table
+
+    sim = {"cached_share": 0.20, "ttft_s": {"mean": 0.100}, "ttft_by_request": {"a": 0.1, "b": 0.1}}
+    live = {"cached_share": 0.195, "ttft_s": {"mean": 0.96}, "ttft_by_request": {"a": 0.8, "b": 1.12},
+            "replicas": [{"late_s_p99": 0.008}]}
+    result = {"settings": {"workload": "azure_code", "speedup": 3.0, "num_requests": 2},
+              "sim": sim, "live": live, "comparison": compare(sim, live, 8.0)}
+    row = table([result]).splitlines()[-1]
+    assert row.startswith("| azure_code x3, first 2 | 20.00% / 19.50% (-0.50 pt) | "
+                          "0.100 s / 0.120 s (+20.0%, outside 5%)")
+    assert "| 0 of 2 |" in row and "8 ms (0.83%)" in row  # lateness against the live mean TTFT

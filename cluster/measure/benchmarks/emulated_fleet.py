@@ -57,6 +57,29 @@ def compare(sim: dict, live: dict, dilation: float) -> dict:
                        "ttft_mean_5_percent": abs(live_ttft / sim_ttft - 1) <= 0.05}}
 
 
+def table(results: list[dict]) -> str:
+    """A row per results file: the workload, the simulator's and the fleet's cached share and mean TTFT (the fleet's
+    as a difference, with whether it is within the margins: 1 point, 5%), the per-request agreement and the fleet's
+    own lateness."""
+    lines = ["| workload | cached: simulator / fleet | mean TTFT: simulator / fleet | per-request TTFT difference, "
+             "median | requests off by over 100 ms | step lateness p99, worst replica, live (share of the live mean TTFT) |",
+             "|---" * 6 + "|"]
+    for r in results:
+        c, s = r["comparison"], r["settings"]
+        within = c["within"]
+        speed = f" x{s['speedup']:g}" if s.get("speedup", 1) != 1 else ""
+        lines.append(
+            f"| {s.get('workload', 'mooncake')}{speed}, first {s['num_requests']} | "
+            f"{100 * r['sim']['cached_share']:.2f}% / {100 * r['live']['cached_share']:.2f}% "
+            f"({c['cached_share_points']:+.2f} pt{'' if within['cached_share_1_point'] else ', outside 1 pt'}) | "
+            f"{c['sim_ttft_mean_s']:.3f} s / {c['live_ttft_mean_s']:.3f} s "
+            f"({c['ttft_mean_percent']:+.1f}%{'' if within['ttft_mean_5_percent'] else ', outside 5%'}) | "
+            f"{1000 * c['per_request_ttft_diff_s']['p50']:+.0f} ms | "
+            f"{c['per_request_ttft_diff_s']['off_by_over_100ms']} of {s['num_requests']} | "
+            f"{1000 * c['late_s_p99_worst_replica']:.0f} ms ({100 * c['late_p99_share_of_live_ttft']:.2f}%) |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kvmesh bench emulated_fleet", description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=16)

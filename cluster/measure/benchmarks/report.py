@@ -44,7 +44,7 @@ from kvmesh.cluster.measure.benchmarks.policy_matrix import count_line, dominanc
 
 DOCS = ("README.md", "BENCHMARKS.md", "docs/gpu-cluster.md", "docs/benchmarks/routing-against-peers.md",
         "docs/multi-host-routers.md", "docs/benchmarks/engine-cpu.md", "docs/benchmarks/several-routers.md",
-        "docs/benchmarks/live-verdict.md")
+        "docs/benchmarks/live-verdict.md", "docs/emulated-fleet.md")
 """The documents whose tables are generated (a guide holds the ones BENCHMARKS.md points to)."""
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
@@ -127,6 +127,12 @@ def live_verdict_table(results: list[dict]) -> str:
     return table(results)
 
 
+def emulated_fleet_table(results: list[dict]) -> str:
+    from kvmesh.cluster.measure.benchmarks.emulated_fleet import table
+
+    return table(results)
+
+
 def fp8_kv_cache_table(result: dict) -> str:
     from kvmesh.cluster.measure.benchmarks.fp8_kv_cache import table
 
@@ -194,7 +200,8 @@ MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_f
                                                           "replications": replications_table,
                                                           "routers_published": routers_published_table,
                                                           "verdict": verdict_table,
-                                                          "live_verdict": live_verdict_table}
+                                                          "live_verdict": live_verdict_table,
+                                                          "emulated_fleet": emulated_fleet_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 
