@@ -62,7 +62,8 @@ def table(results: list[dict]) -> str:
     as a difference, with whether it is within the margins: 1 point, 5%), the per-request agreement and the fleet's
     own lateness."""
     lines = ["| workload | cached: simulator / fleet | mean TTFT: simulator / fleet | per-request TTFT difference, "
-             "median | requests off by over 100 ms | step lateness p99, worst replica, live (share of the live mean TTFT) |",
+             "median | requests off by over 100 ms | "
+             "step lateness p99, worst replica, live (share of the live mean TTFT) |",
              "|---" * 6 + "|"]
     for r in results:
         c, s = r["comparison"], r["settings"]
