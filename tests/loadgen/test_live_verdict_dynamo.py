@@ -79,7 +79,7 @@ def test_dynamos_rounds_replace_its_earlier_ones_and_show_in_the_table():
 def test_dynamos_ttft_is_its_routers_mean_and_its_percentiles_are_not_claimed():
     """The mocker's tokens decode to no text, so the client's first chunk is the last: the row's TTFT is the
     router's histogram mean, and what a histogram cannot give exactly (p50, p99, goodput) is shown as unknown."""
-    from kvmesh.cluster.measure.benchmarks.live_verdict_dynamo import frontend_timed_row
+    from kvmesh.cluster.measure.benchmarks.live_verdict_dynamo import router_timed_row
     from kvmesh.cluster.measure.benchmarks.support.dynamo_fleet import ttft_totals
     from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import table
 
@@ -93,7 +93,7 @@ def test_dynamos_ttft_is_its_routers_mean_and_its_percentiles_are_not_claimed():
             'dynamo_frontend_inter_token_latency_seconds_sum{model="m"} 99\n')
     assert ttft_totals(page) == {"sum": 6.0, "count": 2.0}
     client = _row(0, "dynamo", 9.0, [])
-    row = frontend_timed_row(0, "dynamo", "chatbot", {"summary": client["summary"], "requests": [
+    row = router_timed_row(0, "dynamo", "chatbot", {"summary": client["summary"], "requests": [
         {"ttft_s": 9.0, "ok": True}, {"ttft_s": 9.0, "ok": True}]}, ttft_totals(page))
     assert row["summary"]["ttft_s"]["mean"] == 3.0 and row["summary"]["client_ttft_s"]["mean"] == 9.0
     verdict = {"settings": {"workload": "chatbot"}, "fleet": {"dilation": 1.0, "rate": 2.5},

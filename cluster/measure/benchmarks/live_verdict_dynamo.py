@@ -70,8 +70,8 @@ async def run_rounds(args: argparse.Namespace, verdict: dict, work: Path) -> lis
             out = await run_bench(replace(config, endpoint=replace(config.endpoint, url=dynamo.url)),
                                   f"{arm}/{settings['workload']} round {rnd}", progress=False)
             cpu = [b - a for a, b in zip(before, dynamo.cpu_s(), strict=True)]
-            ttft = dynamo.frontend_ttft()
-        rows.append(frontend_timed_row(rnd, arm, settings["workload"], out, ttft) |
+            ttft = dynamo.router_ttft()
+        rows.append(router_timed_row(rnd, arm, settings["workload"], out, ttft) |
                     {"cpu_s": {"workers": cpu[0], "frontend": cpu[1], "wall": out["summary"]["duration_s"]}})
         print(_line(rows[-1]), flush=True)
         with (work / "rows.jsonl").open("a") as f:  # kept whatever happens to the rounds after it
@@ -79,8 +79,8 @@ async def run_rounds(args: argparse.Namespace, verdict: dict, work: Path) -> lis
     return rows
 
 
-def frontend_timed_row(rnd: int, arm: str, workload: str, out: dict, ttft: dict[str, float]) -> dict:
-    """A round's row with its TTFT from Dynamo's router (``DynamoFleet.frontend_ttft``): the mean is exact, the
+def router_timed_row(rnd: int, arm: str, workload: str, out: dict, ttft: dict[str, float]) -> dict:
+    """A round's row with its TTFT from Dynamo's router (``DynamoFleet.router_ttft``): the mean is exact, the
     percentiles and goodput are not known (None; the histogram's buckets are a factor of two apart); the client's
     figures, whose first chunk is the last, stay under ``client_ttft_s`` (the end-to-end time)."""
     from kvmesh.cluster.measure.loadgen.live_compare import _ttfts

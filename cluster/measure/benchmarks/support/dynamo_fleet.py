@@ -6,9 +6,9 @@ Dynamo's counterpart of ``kvmesh replica --emulate`` (a vLLM-like scheduler, rea
 forward pass replaced by a wait). The step times go to it as a mocker-format NPZ (``--planner-profile-data``) drawn
 from kvmesh's cost model (replica/emulate/cost_model.py): its prefill time is linear in the step's new tokens, its
 decode time is looked up by the batch's KV tokens and mean context length, which the cost model's per-step,
-per-sequence and per-context-token terms give. The machine runs: frontend (file discovery, TCP request plane,
-ZeroMQ event plane: no etcd, no NATS) and one mocker process holding every worker; the workers at ``nice 15`` as
-kvmesh's fleet is. How to install it: docs/benchmarks/live-verdict.md.
+per-sequence and per-context-token terms give. Two processes: the frontend (file discovery, a TCP request plane, a
+ZeroMQ event plane: no etcd, no NATS) and one mocker process holding every worker, at ``nice 15`` as kvmesh's fleet
+is. How to install it: docs/benchmarks/live-verdict.md.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class DynamoFleet:
     procs: tuple[subprocess.Popen, ...]
     """The mocker's process and the frontend's."""
 
-    def frontend_ttft(self) -> dict[str, float]:
+    def router_ttft(self) -> dict[str, float]:
         """The router's own time-to-first-token histogram so far (``TTFT_METRIC``): its ``sum`` and ``count`` over
         every worker. The mocker's tokens decode to no text, so the frontend streams nothing before the last chunk,
         and a client's first chunk comes at the end: only the router sees the first token."""
