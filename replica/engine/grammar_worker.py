@@ -83,7 +83,10 @@ class LeanCompiler:
     def __init__(self, core, tokenizer_info: str, cache_limit_bytes: int) -> None:
         self._core = core
         info = core.TokenizerInfo.deserialize_json(tokenizer_info)
-        self._compiler = core.GrammarCompiler(info, 1, True, cache_limit_bytes)  # 1 thread, cache on
+        try:  # 1 thread, cache on, every mask built at compile time (xgrammar 0.2.9 added that last argument)
+            self._compiler = core.GrammarCompiler(info, 1, True, cache_limit_bytes, False)
+        except TypeError:  # xgrammar 0.2.8 and before: four arguments, masks always built at compile time
+            self._compiler = core.GrammarCompiler(info, 1, True, cache_limit_bytes)
 
     def compile(self, kind: str, text: str, ws: bool) -> str:
         """The compiled grammar as JSON (``CompiledGrammar.serialize_json``)."""
