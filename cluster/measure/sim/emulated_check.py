@@ -22,18 +22,18 @@ def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int, workloa
     """The workload's first records as both sides send them (``kvmesh bench load``'s records of ``workload``, at its
     default shape): prompts cut to whole 16-token blocks, outputs capped. A workload of conversations is refused:
     its turns are sent as earlier ones finish, which no replay at the records' times reproduces."""
-    from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig, WorkloadOptions
     from kvmesh.cluster.measure.sim.request import cut_trace
     from kvmesh.cluster.measure.workloads.registry import get_workload
+    from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
 
     entry = get_workload(workload)
     if entry.conversation or entry.real_lengths:
         raise ValueError(f"workload {workload!r} is not replayed at its records' times with 16 tokens per trace "
                          "block; give a trace workload such as mooncake or azure_code")
-    options = WorkloadOptions(workload=workload, num_requests=num_requests, max_prompt_tokens=max_prompt_tokens,
-                              max_tokens=max_tokens, trace_block_tokens=16)
-    records = cut_trace(entry.make(options.settings(entry, BenchLoadConfig().shape)), 0, num_requests,
-                        max_prompt_blocks=max_prompt_tokens // 16)
+    settings = WorkloadSettings(num_requests=num_requests, trace=None, trace_limit=num_requests,
+                                prompt_tokens=max_prompt_tokens * MINIATURE, answer_tokens=max_tokens * MINIATURE,
+                                shape=WorkloadShape(num_prefixes=4, turns=4), seed=0)  # bench load's defaults
+    records = cut_trace(entry.make(settings), 0, num_requests, max_prompt_blocks=max_prompt_tokens // 16)
     return [replace(r, output_length=max(1, min(max_tokens, r.output_length))) for r in records]
 
 
