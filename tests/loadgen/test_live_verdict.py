@@ -7,7 +7,7 @@ import json
 
 import pytest
 from kvmesh.cluster.measure.benchmarks.live_verdict import main
-from kvmesh.cluster.measure.loadgen.live_compare import _line
+from kvmesh.cluster.measure.loadgen.live_compare import round_line
 from kvmesh.cluster.measure.loadgen.live_routers import LiveFleet, find_peer, peers_dir, router_command
 from kvmesh.router.config import ReplicaSpec
 
@@ -24,7 +24,7 @@ def test_kvmesh_router_is_given_the_replicas_context(tmp_path):
 def test_a_run_whose_every_request_failed_prints_a_line_not_a_traceback():
     row = {"round": 0, "workload": "chatbot", "router": "kvmesh", "summary": {
         "cached_token_share": 0.0, "errors": 24, "ttft_s": {"mean": None, "p50": None}}}
-    assert _line(row).endswith("cached   0.0%  no TTFT  errors 24")
+    assert round_line(row).endswith("cached   0.0%  no TTFT  errors 24")
 
 
 @pytest.mark.live

@@ -44,7 +44,7 @@ async def run_rounds(args: argparse.Namespace, verdict: dict, work: Path) -> lis
         running_dynamo,
         write_profile,
     )
-    from kvmesh.cluster.measure.loadgen.live_compare import _line
+    from kvmesh.cluster.measure.loadgen.live_compare import round_line
     from kvmesh.cluster.measure.loadgen.live_routers import peers_dir
     from kvmesh.cluster.measure.loadgen.load import build_parser, run_bench
     from kvmesh.cluster.measure.loadgen.options import BENCH_LOAD_SCHEMA
@@ -73,7 +73,7 @@ async def run_rounds(args: argparse.Namespace, verdict: dict, work: Path) -> lis
             ttft = dynamo.router_ttft()
         rows.append(router_timed_row(rnd, arm, settings["workload"], out, ttft) |
                     {"cpu_s": {"workers": cpu[0], "frontend": cpu[1], "wall": out["summary"]["duration_s"]}})
-        print(_line(rows[-1]), flush=True)
+        print(round_line(rows[-1]), flush=True)
         with (work / "rows.jsonl").open("a") as f:  # kept whatever happens to the rounds after it
             f.write(json.dumps(rows[-1]) + "\n")
     return rows
@@ -83,14 +83,14 @@ def router_timed_row(rnd: int, arm: str, workload: str, out: dict, ttft: dict[st
     """A round's row with its TTFT from Dynamo's router (``DynamoFleet.router_ttft``): the mean is exact, the
     percentiles and goodput are not known (None; the histogram's buckets are a factor of two apart); the client's
     figures, whose first chunk is the last, stay under ``client_ttft_s`` (the end-to-end time)."""
-    from kvmesh.cluster.measure.loadgen.live_compare import _ttfts
+    from kvmesh.cluster.measure.loadgen.live_compare import request_ttfts
 
     summary = dict(out["summary"])
     summary["client_ttft_s"] = summary["ttft_s"]
     summary["ttft_s"] = {"mean": ttft["sum"] / ttft["count"] if ttft["count"] else None, "p50": None, "p99": None,
                          "count": ttft["count"], "from": TTFT_METRIC}
     return {"round": rnd, "router": arm, "workload": workload, "summary": summary, "replicas": [],
-            "ttft_s": None, "client_ttft_s": _ttfts(out["requests"])}
+            "ttft_s": None, "client_ttft_s": request_ttfts(out["requests"])}
 
 
 def arm_name(router_mode: str) -> str:

@@ -19,3 +19,19 @@ def interval(values: list[float]) -> tuple[float, float]:
     df = len(values) - 1
     t = T_975[df - 1] if df <= len(T_975) else 1.96
     return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def known_interval(values: list[float | None]) -> tuple[float, float] | None:
+    """``interval``, or None where a run lacks the figure (None, or nan: an arm on another fleet, without replica
+    counters or per-request TTFTs)."""
+    if any(v is None or math.isnan(v) for v in values):
+        return None
+    return interval(values)  # type: ignore[arg-type]
+
+
+def plus_minus(pair: tuple[float, float] | list[float] | None, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    """``mean ± half`` of an interval, scaled, with its unit; "-" for a figure the run does not have."""
+    if pair is None:
+        return "-"
+    mean, half = pair
+    return f"{fmt.format(scale * mean)} ± {fmt.replace('+', '').format(scale * half)}{unit}"

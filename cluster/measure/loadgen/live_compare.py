@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,16 +78,16 @@ async def compare_routers(args: argparse.Namespace, config: BenchLoadConfig, fle
                     after = replica_counters(fleet.replicas, args.admin_key)
                     per_replica = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
                     rows.append({"round": rnd, "router": name, "workload": workload, "summary": out["summary"],
-                                 "replicas": per_replica, "ttft_s": _ttfts(out["requests"]),
+                                 "replicas": per_replica, "ttft_s": request_ttfts(out["requests"]),
                                  **({"ceiling": router_ceiling(url)} if name.startswith(REFERENCE) else {})})
-                    print(_line(rows[-1]), flush=True)
+                    print(round_line(rows[-1]), flush=True)
     settings = out["config"] | {"url": None, "label": None}
     return {"routers": {n: " ".join(c) for n, c in commands.items()}, "rounds": args.rounds,
             "replicas": len(fleet.replicas), "block_size": fleet.block_size, "settings": settings,
             "stats": stats(rows, names, workloads), "rows": rows}
 
 
-def _ttfts(requests: list[dict]) -> list[float | None]:
+def request_ttfts(requests: list[dict]) -> list[float | None]:
     """Each request's TTFT in arrival order, None for a request that failed (goodput counts it as missed)."""
     return [None if r.get("error") else r.get("ttft_s") for r in requests]
 
@@ -107,7 +106,7 @@ def router_ceiling(url: str) -> dict:
     return out
 
 
-def _line(row: dict) -> str:
+def round_line(row: dict) -> str:
     s = row["summary"]
     ttft = s["ttft_s"]
     p50 = f"  p50 {ttft['p50']:.3f} s" if ttft.get("p50") is not None else ""
@@ -127,7 +126,7 @@ def _figures(row: dict) -> dict[str, float]:
 def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
     """Per workload and router: each figure's mean over the rounds and 95% half-width; against the reference,
     the paired differences (hit rate in points, reference minus it; mean TTFT as the reference's / its - 1)."""
-    from kvmesh.cluster.measure.loadgen.intervals import interval
+    from kvmesh.cluster.measure.loadgen.intervals import interval, known_interval
 
     out: dict = {}
     for w in workloads:
@@ -135,8 +134,8 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
                    if r["router"] == n and r["workload"] == w] for n in names}
         out[w] = {}
         for n, runs in per.items():
-            entry = {k: _interval_of([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s",
-                                                                      "load_imbalance")}
+            entry = {k: known_interval([r[k] for r in runs]) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s",
+                                                                       "load_imbalance")}
             entry["errors"] = sum(r["errors"] for r in runs)
             entry["requests"] = sum(r["requests"] for r in runs)
             ref = per.get(REFERENCE)
@@ -149,34 +148,22 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
     return out
 
 
-def _interval_of(values: list[float | None]) -> tuple[float, float] | None:
-    """``interval``, or None where a run has no such figure (None, or nan: an arm on another fleet, without replica
-    counters or per-request TTFTs)."""
-    from kvmesh.cluster.measure.loadgen.intervals import interval
-
-    if any(v is None or math.isnan(v) for v in values):
-        return None
-    return interval(values)  # type: ignore[arg-type]
-
-
-def _pm(pair: list[float] | tuple[float, float], fmt: str, scale: float = 1.0) -> str:
-    mean, half = pair
-    return f"{fmt.format(scale * mean)} ± {fmt.replace('+', '').format(scale * half)}"
-
-
 def table(result: dict) -> str:
     """The results file as BENCHMARKS' table: a row per workload and router, means over the rounds ± 95%."""
+    from kvmesh.cluster.measure.loadgen.intervals import plus_minus as pm
+
     lines = [f"| workload | router | cached prompt tokens | mean TTFT | TTFT p50 | {REFERENCE} minus it: cached "
              f"(points) | {REFERENCE}'s mean TTFT / its - 1 | busiest replica / mean | errors |", "|---" * 9 + "|"]
     for w, per in result["stats"].items():
         for name, s in per.items():
             vs = s.get("vs_reference")
             label = f"**{name}**" if name == REFERENCE else name
-            cmp = (f"{_pm(vs['hit_points'], '{:+.1f}')} | {_pm(vs['ttft_mean_ratio'], '{:+.1f}', 100)}%"
+            cmp = (f"{pm(vs['hit_points'], '{:+.1f}')} | {pm(vs['ttft_mean_ratio'], '{:+.1f}', 100, '%')}"
                    if vs else "- | -")
-            lines.append(f"| {w} | {label} | {_pm(s['hit_rate'], '{:.1f}', 100)}% | "
-                         f"{_pm(s['ttft_mean_s'], '{:.0f}', 1e3)} ms | {_pm(s['ttft_p50_s'], '{:.0f}', 1e3)} ms | "
-                         f"{cmp} | {_pm(s['load_imbalance'], '{:.2f}') if s['load_imbalance'] else '-'} | "
+            lines.append(f"| {w} | {label} | {pm(s['hit_rate'], '{:.1f}', 100, '%')} | "
+                         f"{pm(s['ttft_mean_s'], '{:.0f}', 1e3, ' ms')} | "
+                         f"{pm(s['ttft_p50_s'], '{:.0f}', 1e3, ' ms')} | "
+                         f"{cmp} | {pm(s['load_imbalance'], '{:.2f}')} | "
                          f"{s['errors']} of {s['requests']} |")
     return "\n".join(lines)
 

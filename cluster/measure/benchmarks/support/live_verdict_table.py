@@ -7,7 +7,7 @@ of the same requests (kvmesh's router's live ceiling, ``kvmesh_router_ceiling_hi
 
 from __future__ import annotations
 
-from kvmesh.cluster.measure.loadgen.intervals import interval
+from kvmesh.cluster.measure.loadgen.intervals import interval, known_interval, plus_minus
 
 REFERENCE = "kvmesh"
 """The router every other is compared with, round by round."""
@@ -44,7 +44,7 @@ def verdict_stats(result: dict) -> dict:
                  "ceiling": interval(ceilings) if ceilings else None, "routers": {}}
     ref = runs.get(REFERENCE)
     for name, figures in runs.items():
-        entry = {k: None if any(f[k] is None for f in figures) else interval([f[k] for f in figures])
+        entry = {k: known_interval([f[k] for f in figures])
                  for k in figures[0] if k != "errors"}
         entry["errors"] = sum(f["errors"] for f in figures)
         entry["rounds"] = len(figures)
@@ -61,17 +61,7 @@ def verdict_stats(result: dict) -> dict:
 
 def _paired(pairs: list, key: str, diff) -> tuple[float, float] | None:
     """The interval of ``diff(kvmesh's, its)`` over the rounds; None where either lacks the figure."""
-    if any(a[key] is None or b[key] is None for a, b in pairs):
-        return None
-    return interval([diff(a[key], b[key]) for a, b in pairs])
-
-
-def _pm(pair: tuple[float, float] | list[float] | None, fmt: str, scale: float = 1.0, unit: str = "") -> str:
-    """``mean ± half`` with its unit; "-" for a figure the arm does not have."""
-    if pair is None:
-        return "-"
-    mean, half = pair
-    return f"{fmt.format(scale * mean)} ± {fmt.replace('+', '').format(scale * half)}{unit}"
+    return known_interval([None if a[key] is None or b[key] is None else diff(a[key], b[key]) for a, b in pairs])
 
 
 def table(results: list[dict]) -> str:
@@ -79,18 +69,18 @@ def table(results: list[dict]) -> str:
     lines = ["| workload, rate | router | cached prompt tokens (single pool) | mean TTFT | TTFT p50 | TTFT p99 | "
              "mean end-to-end | goodput | busiest / mean | kvmesh minus it: cached (points) | "
              "kvmesh's mean TTFT / its - 1 | kvmesh minus it: goodput (points) |", "|---" * 12 + "|"]
+    pm = plus_minus
     for result in results:
         v = verdict_stats(result)
         where = f"{v['workload']}, {v['rate']:g}/s"
         for name, s in v["routers"].items():
             vs = s.get("vs_reference")
-            cmp = (f"{_pm(vs['hit_points'], '{:+.1f}')} | {_pm(vs['ttft_mean_ratio'], '{:+.0f}', 100, '%')} | "
-                   f"{_pm(vs['good_points'], '{:+.1f}')}" if vs else "- | - | -")
-            pool = f" ({_pm(v['ceiling'], '{:.1f}', 100, '%')})" if name == REFERENCE and v["ceiling"] else ""
+            cmp = (f"{pm(vs['hit_points'], '{:+.1f}')} | {pm(vs['ttft_mean_ratio'], '{:+.0f}', 100, '%')} | "
+                   f"{pm(vs['good_points'], '{:+.1f}')}" if vs else "- | - | -")
+            pool = f" ({pm(v['ceiling'], '{:.1f}', 100, '%')})" if name == REFERENCE and v["ceiling"] else ""
             lines.append(f"| {where} | {'**' + name + '**' if name == REFERENCE else name} | "
-                         f"{_pm(s['hit_rate'], '{:.1f}', 100, '%')}{pool} | "
-                         f"{_pm(s['ttft_mean_s'], '{:.2f}', 1, ' s')} | "
-                         f"{_pm(s['ttft_p50_s'], '{:.2f}', 1, ' s')} | {_pm(s['ttft_p99_s'], '{:.2f}', 1, ' s')} | "
-                         f"{_pm(s['e2e_mean_s'], '{:.2f}', 1, ' s')} | "
-                         f"{_pm(s['good_share'], '{:.0f}', 100, '%')} | {_pm(s['busiest'], '{:.2f}')} | {cmp} |")
+                         f"{pm(s['hit_rate'], '{:.1f}', 100, '%')}{pool} | {pm(s['ttft_mean_s'], '{:.2f}', 1, ' s')} | "
+                         f"{pm(s['ttft_p50_s'], '{:.2f}', 1, ' s')} | {pm(s['ttft_p99_s'], '{:.2f}', 1, ' s')} | "
+                         f"{pm(s['e2e_mean_s'], '{:.2f}', 1, ' s')} | "
+                         f"{pm(s['good_share'], '{:.0f}', 100, '%')} | {pm(s['busiest'], '{:.2f}')} | {cmp} |")
     return "\n".join(lines)
