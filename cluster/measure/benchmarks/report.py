@@ -24,7 +24,9 @@ matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved; ``verdict``: ``kvmesh bench policy_matrix
 --seeds N``'s cells (of one file or several runs' files), a row each with its verdict over the seeds and the rivals that
 fail it or leave it undecided,
-with their paired intervals). A FILE with ``*`` names every file it matches, in name order
+with their paired intervals; ``live_verdict``: ``kvmesh bench live_verdict``'s routers on an emulated fleet, a row per
+file and router, and ``live_verdict_itl`` their time between tokens; ``emulated_fleet``: the emulated fleet against
+the simulator). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
     kvmesh bench report            # rewrite every table from its file
@@ -34,6 +36,7 @@ with their paired intervals). A FILE with ``*`` names every file it matches, in 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
@@ -121,16 +124,13 @@ def live_routers_table(result: dict) -> str:
     return table(result)
 
 
-def live_verdict_table(results: list[dict]) -> str:
-    from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import table
-
-    return table(results)
+_BENCH = "kvmesh.cluster.measure.benchmarks"
+_SUPPORT = f"{_BENCH}.support"
 
 
-def emulated_fleet_table(results: list[dict]) -> str:
-    from kvmesh.cluster.measure.benchmarks.emulated_fleet import table
-
-    return table(results)
+def _module_table(module: str) -> Callable[[list[dict]], str]:
+    """The table of ``module`` (its ``table(results)``), imported when first rendered."""
+    return lambda results: importlib.import_module(module).table(results)
 
 
 def fp8_kv_cache_table(result: dict) -> str:
@@ -195,13 +195,12 @@ RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matri
                                                "router_peers": router_peers_table, "fp8_kv_cache": fp8_kv_cache_table,
                                                "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table,
                                                "live_routers": live_routers_table}
-MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
-                                                          "matrix_noise": matrix_noise_table,
-                                                          "replications": replications_table,
-                                                          "routers_published": routers_published_table,
-                                                          "verdict": verdict_table,
-                                                          "live_verdict": live_verdict_table,
-                                                          "emulated_fleet": emulated_fleet_table}
+MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {
+    "queue_flood": queue_flood_table, "matrix_noise": matrix_noise_table, "replications": replications_table,
+    "routers_published": routers_published_table, "verdict": verdict_table,
+    "live_verdict": _module_table(f"{_SUPPORT}.live_verdict_table"),
+    "live_verdict_itl": _module_table(f"{_SUPPORT}.live_verdict_itl"),
+    "emulated_fleet": _module_table(f"{_BENCH}.emulated_fleet")}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 
