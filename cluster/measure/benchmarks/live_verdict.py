@@ -28,10 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvmesh.cluster.measure.workloads.settings import MINIATURE
+
 DEFAULT_ROUTERS = "kvmesh,vllm-router,vllm-router:kv_aware,vllm-router:round_robin,sglang-router"
-MINIATURE = 32
-"""Model tokens per live token (the simulator's miniature, sim/emulated_check.py: one 512-token trace block is one
-16-token block)."""
 
 
 def fleet_sizes(args: argparse.Namespace, work: Path) -> dict:
@@ -96,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     try:
         t0 = time.monotonic()
-        ends = start_fleet(settings, fleet_sizes(args, work), procs)
+        sizes = fleet_sizes(args, work)
+        ends = start_fleet(settings, sizes, procs)
         print(f"[live_verdict] {len(ends)} emulated replicas up in {time.monotonic() - t0:.0f} s", flush=True)
         rc = compare_main(compare_argv(args, ends))
         timing = replica_timing(ends)
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads(out.read_text())
     result["command"] = "kvmesh bench live_verdict " + " ".join(argv if argv is not None else sys.argv[3:])
     result["fleet"] = {"replicas": args.replicas, "dilation": args.dilation, "miniature": MINIATURE,
-                       "num_kv_blocks": args.num_kv_blocks, "rate": args.rate, "emulation": timing}
+                       "num_kv_blocks": args.num_kv_blocks, "rate": args.rate, "emulation": timing,
+                       "cost": sizes["cost"], "max_num_batched_tokens": sizes["max_num_batched_tokens"]}
     out.write_text(json.dumps(result, indent=1))
     print(table([result]), flush=True)
     late = max(r["late_s_p99"] for r in timing)

@@ -10,7 +10,7 @@ from kvmesh.cluster.config.schema import Schema
 from kvmesh.cluster.measure.workloads.prompts import PromptMaker
 from kvmesh.cluster.measure.workloads.registry import Workload, get_workload
 from kvmesh.cluster.measure.workloads.sessions import Rendering
-from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
+from kvmesh.cluster.measure.workloads.settings import LOAD_SHAPE, WorkloadSettings, WorkloadShape
 from kvmesh.cluster.measure.workloads.traces import MOONCAKE_BLOCK_TOKENS
 
 
@@ -127,10 +127,6 @@ class LoadOptions:
         return 8 if self.mode == "closed" else 0
 
 
-def _load_shape() -> WorkloadShape:
-    return WorkloadShape(num_prefixes=4, turns=4)
-
-
 @dataclass(frozen=True, slots=True)
 class BenchLoadConfig:
     """One load test."""
@@ -139,7 +135,7 @@ class BenchLoadConfig:
     """The endpoint under test."""
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     """What is sent."""
-    shape: WorkloadShape = field(default_factory=_load_shape)
+    shape: WorkloadShape = field(default_factory=lambda: LOAD_SHAPE)
     """How a generated workload shares its prompts (tenants, turns, documents)."""
     load: LoadOptions = field(default_factory=LoadOptions)
     """How it is sent."""

@@ -14,8 +14,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-MINIATURE = 32
-"""Trace tokens per live token: one 512-token trace block is one 16-token block."""
+from kvmesh.cluster.measure.workloads.settings import MINIATURE
 
 
 def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int, workload: str = "mooncake") -> list:
@@ -24,7 +23,7 @@ def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int, workloa
     its turns are sent as earlier ones finish, which no replay at the records' times reproduces."""
     from kvmesh.cluster.measure.sim.request import cut_trace
     from kvmesh.cluster.measure.workloads.registry import get_workload
-    from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
+    from kvmesh.cluster.measure.workloads.settings import LOAD_SHAPE, WorkloadSettings
 
     entry = get_workload(workload)
     if entry.conversation or entry.real_lengths:
@@ -32,7 +31,7 @@ def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int, workloa
                          "block; give a trace workload such as mooncake or azure_code")
     settings = WorkloadSettings(num_requests=num_requests, trace=None, trace_limit=num_requests,
                                 prompt_tokens=max_prompt_tokens * MINIATURE, answer_tokens=max_tokens * MINIATURE,
-                                shape=WorkloadShape(num_prefixes=4, turns=4), seed=0)  # bench load's defaults
+                                shape=LOAD_SHAPE, seed=0)
     records = cut_trace(entry.make(settings), 0, num_requests, max_prompt_blocks=max_prompt_tokens // 16)
     return [replace(r, output_length=max(1, min(max_tokens, r.output_length))) for r in records]
 

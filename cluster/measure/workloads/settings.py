@@ -37,6 +37,15 @@ class WorkloadShape:
             raise ValueError(f"num_documents must be >= 1, got {self.num_documents}")
 
 
+MINIATURE = 32
+"""Trace tokens per live token where a trace is sent to an emulated fleet (the simulator's miniature of its default
+fleet): one 512-token trace block is one 16-token block, so a live prompt costs what 32 times it costs the GPU."""
+
+LOAD_SHAPE = WorkloadShape(num_prefixes=4, turns=4)
+"""``kvmesh bench load``'s default shape (fewer tenants and turns than the simulator's, for a live fleet's minutes); the
+simulator's half of the emulated-fleet checks sends what bench load sends, so both read it here."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSettings:
     """The knobs of the registered workloads; sizes are trace tokens (512 per hash id)."""

@@ -14,15 +14,11 @@ from kvmesh.cluster.measure.loadgen.intervals import known_interval, plus_minus
 QUANTILES = ("p50", "p90", "p99")
 
 
-def whole_prefill_s(max_prompt_tokens: int, miniature: int) -> float:
-    """The GPU's time for one prompt of ``max_prompt_tokens`` on an idle replica of the fleet's profile (the
-    simulator's miniature): its tokens' prefill and the overhead of each chunk's step."""
-    from kvmesh.cluster.measure.sim.config import SimConfig
-    from kvmesh.cluster.measure.sim.config import miniature as shrink
-
-    config = shrink(SimConfig(), miniature)
-    steps = math.ceil(max_prompt_tokens / config.engine.max_num_batched_tokens)
-    return max_prompt_tokens * config.cost.prefill_s_per_token + steps * config.cost.step_overhead_s
+def whole_prefill_s(fleet: dict, max_prompt_tokens: int) -> float:
+    """The GPU's time for one prompt of ``max_prompt_tokens`` on an idle replica of the fleet's profile (its cost
+    model and step budget, as the results file records them): its tokens' prefill and each chunk's step overhead."""
+    cost, steps = fleet["cost"], math.ceil(max_prompt_tokens / fleet["max_num_batched_tokens"])
+    return max_prompt_tokens * cost["prefill_s_per_token"] + steps * cost["step_overhead_s"]
 
 
 def round_itl(row: dict, dilation: float) -> dict[str, float | None]:
@@ -50,7 +46,7 @@ def table(results: list[dict]) -> str:
                          f"{plus_minus(p90, '{:.0f}', 1e3, ' ms')} | {plus_minus(p99, '{:.2f}', 1, ' s')} |")
         emulation = fleet["emulation"]
         late, cpu = max(e["late_s_p99"] for e in emulation), [e["cpu_s_per_step"] for e in emulation]
-        timing.append(f"| {where} | {whole_prefill_s(settings['max_prompt_tokens'], fleet['miniature']):.2f} s | "
+        timing.append(f"| {where} | {whole_prefill_s(fleet, settings['max_prompt_tokens']):.2f} s | "
                       f"{1e3 * max(e['late_s_p50'] for e in emulation):.1f} ms | {1e3 * late:.1f} ms | "
                       f"{1e3 * late / dilation:.1f} ms | {1e3 * min(cpu):.2f}-{1e3 * max(cpu):.2f} ms |")
     head = ["| workload, rate | one whole prefill of the longest prompt | steps late, p50 (worst replica) | p99 | "
