@@ -126,3 +126,22 @@ def test_one_whole_prefill_is_the_simulators_ttft_of_the_longest_prompt_on_an_id
     (longest,) = requests(1, 1024, 1)
     run = simulate([longest], 1, "round_robin", 0, 1.0)
     assert whole_prefill_s(run, 1024) == pytest.approx(run["ttft_s"]["mean"], rel=1e-6)
+
+
+def test_the_shortfall_lists_a_real_router_where_kvmesh_misses_the_line_and_bolds_the_missed_figure():
+    """The line: cached share higher beyond the paired interval, mean TTFT lower by more than 2% beyond it. A peer
+    that caches as much (-0 points) is listed with its hits in bold; one kvmesh beats on both is not; round-robin is a
+    baseline, never listed."""
+    from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import shortfall
+
+    rows = []
+    for rnd in (0, 1):
+        rows += [_row(rnd, "kvmesh", [1.0, 1.0], 0.7, [1, 1]), _row(rnd, "level", [2.0, 2.0], 0.7, [2, 0]),
+                 _row(rnd, "beaten", [2.0, 2.0], 0.5, [1, 1]), _row(rnd, "round_robin", [1.0, 1.0], 0.7, [1, 1]),
+                 _row(rnd, "near", [1.01, 1.01], 0.5, [1, 1])]
+    result = {"stats": {"chatbot": dict.fromkeys(("kvmesh", "level", "beaten", "round_robin", "near"), {})},
+              "rows": rows, "fleet": {"dilation": 4.0, "rate": 2.5}}
+    text = shortfall([result])
+    assert "| chatbot, 2.5/s | level | **+0.0 ± 0.0** | -50 ± 0% |" in text
+    assert "| chatbot, 2.5/s | near | +20.0 ± 0.0 | **-1 ± 0%** |" in text  # lower, but by less than 2%
+    assert "beaten" not in text and "round_robin" not in text

@@ -25,7 +25,8 @@ moved a little, the cells each meets and how far each policy's TTFT moved; ``ver
 --seeds N``'s cells (of one file or several runs' files), a row each with its verdict over the seeds and the rivals that
 fail it or leave it undecided,
 with their paired intervals; ``live_verdict``: ``kvmesh bench live_verdict``'s routers on an emulated fleet, a row per
-file and router, and ``live_verdict_itl`` their time between tokens; ``emulated_fleet``: the emulated fleet against
+file and router, ``live_verdict_itl`` their time between tokens and ``live_verdict_shortfall`` the cells where kvmesh's
+default misses its line; ``emulated_fleet``: the emulated fleet against
 the simulator). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
@@ -128,9 +129,9 @@ _BENCH = "kvmesh.cluster.measure.benchmarks"
 _SUPPORT = f"{_BENCH}.support"
 
 
-def _module_table(module: str) -> Callable[[list[dict]], str]:
-    """The table of ``module`` (its ``table(results)``), imported when first rendered."""
-    return lambda results: importlib.import_module(module).table(results)
+def _module_table(module: str, name: str = "table") -> Callable[[list[dict]], str]:
+    """The table ``module``'s ``name(results)`` renders, the module imported when first used."""
+    return lambda results: getattr(importlib.import_module(module), name)(results)
 
 
 def fp8_kv_cache_table(result: dict) -> str:
@@ -200,6 +201,7 @@ MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {
     "routers_published": routers_published_table, "verdict": verdict_table,
     "live_verdict": _module_table(f"{_SUPPORT}.live_verdict_table"),
     "live_verdict_itl": _module_table(f"{_SUPPORT}.live_verdict_itl"),
+    "live_verdict_shortfall": _module_table(f"{_SUPPORT}.live_verdict_table", "shortfall"),
     "emulated_fleet": _module_table(f"{_BENCH}.emulated_fleet")}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
