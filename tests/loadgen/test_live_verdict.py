@@ -132,7 +132,7 @@ def test_the_shortfall_lists_a_real_router_where_kvmesh_misses_the_line_and_bold
     """The line: cached share higher beyond the paired interval, mean TTFT lower by more than 2% beyond it. A peer
     that caches as much (-0 points) is listed with its hits in bold; one kvmesh beats on both is not; round-robin is a
     baseline, never listed."""
-    from kvmesh.cluster.measure.benchmarks.support.live_verdict_table import shortfall
+    from kvmesh.cluster.measure.benchmarks.support.live_verdict_shortfall import table as shortfall
 
     rows = []
     for rnd in (0, 1):

@@ -129,9 +129,9 @@ _BENCH = "kvmesh.cluster.measure.benchmarks"
 _SUPPORT = f"{_BENCH}.support"
 
 
-def _module_table(module: str, name: str = "table") -> Callable[[list[dict]], str]:
-    """The table ``module``'s ``name(results)`` renders, the module imported when first used."""
-    return lambda results: getattr(importlib.import_module(module), name)(results)
+def _module_table(module: str) -> Callable[[list[dict]], str]:
+    """The table ``module``'s ``table(results)`` renders, the module imported when first used."""
+    return lambda results: importlib.import_module(module).table(results)
 
 
 def fp8_kv_cache_table(result: dict) -> str:
@@ -201,7 +201,7 @@ MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {
     "routers_published": routers_published_table, "verdict": verdict_table,
     "live_verdict": _module_table(f"{_SUPPORT}.live_verdict_table"),
     "live_verdict_itl": _module_table(f"{_SUPPORT}.live_verdict_itl"),
-    "live_verdict_shortfall": _module_table(f"{_SUPPORT}.live_verdict_table", "shortfall"),
+    "live_verdict_shortfall": _module_table(f"{_SUPPORT}.live_verdict_shortfall"),
     "emulated_fleet": _module_table(f"{_BENCH}.emulated_fleet")}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 

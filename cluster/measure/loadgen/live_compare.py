@@ -150,7 +150,7 @@ def stats(rows: list[dict], names: list[str], workloads: list[str]) -> dict:
 
 def table(result: dict) -> str:
     """The results file as BENCHMARKS' table: a row per workload and router, means over the rounds ± 95%."""
-    from kvmesh.cluster.measure.loadgen.intervals import plus_minus as pm
+    from kvmesh.cluster.measure.loadgen.intervals import plus_minus
 
     lines = [f"| workload | router | cached prompt tokens | mean TTFT | TTFT p50 | {REFERENCE} minus it: cached "
              f"(points) | {REFERENCE}'s mean TTFT / its - 1 | busiest replica / mean | errors |", "|---" * 9 + "|"]
@@ -158,12 +158,12 @@ def table(result: dict) -> str:
         for name, s in per.items():
             vs = s.get("vs_reference")
             label = f"**{name}**" if name == REFERENCE else name
-            cmp = (f"{pm(vs['hit_points'], '{:+.1f}')} | {pm(vs['ttft_mean_ratio'], '{:+.1f}', 100, '%')}"
-                   if vs else "- | -")
-            lines.append(f"| {w} | {label} | {pm(s['hit_rate'], '{:.1f}', 100, '%')} | "
-                         f"{pm(s['ttft_mean_s'], '{:.0f}', 1e3, ' ms')} | "
-                         f"{pm(s['ttft_p50_s'], '{:.0f}', 1e3, ' ms')} | "
-                         f"{cmp} | {pm(s['load_imbalance'], '{:.2f}')} | "
+            cmp = (f"{plus_minus(vs['hit_points'], '{:+.1f}')} | "
+                   f"{plus_minus(vs['ttft_mean_ratio'], '{:+.1f}', 100, '%')}" if vs else "- | -")
+            lines.append(f"| {w} | {label} | {plus_minus(s['hit_rate'], '{:.1f}', 100, '%')} | "
+                         f"{plus_minus(s['ttft_mean_s'], '{:.0f}', 1e3, ' ms')} | "
+                         f"{plus_minus(s['ttft_p50_s'], '{:.0f}', 1e3, ' ms')} | "
+                         f"{cmp} | {plus_minus(s['load_imbalance'], '{:.2f}')} | "
                          f"{s['errors']} of {s['requests']} |")
     return "\n".join(lines)
 

@@ -69,49 +69,19 @@ def table(results: list[dict]) -> str:
     lines = ["| workload, rate | router | cached prompt tokens (single pool) | mean TTFT | TTFT p50 | TTFT p99 | "
              "mean end-to-end | goodput | busiest / mean | kvmesh minus it: cached (points) | "
              "kvmesh's mean TTFT / its - 1 | kvmesh minus it: goodput (points) |", "|---" * 12 + "|"]
-    pm = plus_minus
     for result in results:
         v = verdict_stats(result)
         where = f"{v['workload']}, {v['rate']:g}/s"
         for name, s in v["routers"].items():
             vs = s.get("vs_reference")
-            cmp = (f"{pm(vs['hit_points'], '{:+.1f}')} | {pm(vs['ttft_mean_ratio'], '{:+.0f}', 100, '%')} | "
-                   f"{pm(vs['good_points'], '{:+.1f}')}" if vs else "- | - | -")
-            pool = f" ({pm(v['ceiling'], '{:.1f}', 100, '%')})" if name == REFERENCE and v["ceiling"] else ""
-            lines.append(f"| {where} | {'**' + name + '**' if name == REFERENCE else name} | "
-                         f"{pm(s['hit_rate'], '{:.1f}', 100, '%')}{pool} | {pm(s['ttft_mean_s'], '{:.2f}', 1, ' s')} | "
-                         f"{pm(s['ttft_p50_s'], '{:.2f}', 1, ' s')} | {pm(s['ttft_p99_s'], '{:.2f}', 1, ' s')} | "
-                         f"{pm(s['e2e_mean_s'], '{:.2f}', 1, ' s')} | "
-                         f"{pm(s['good_share'], '{:.0f}', 100, '%')} | {pm(s['busiest'], '{:.2f}')} | {cmp} |")
+            cells = [plus_minus(s["hit_rate"], "{:.1f}", 100, "%")
+                     + (f" ({plus_minus(v['ceiling'], '{:.1f}', 100, '%')})"
+                        if name == REFERENCE and v["ceiling"] else ""),
+                     *(plus_minus(s[k], "{:.2f}", 1, " s") for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s",
+                                                                      "e2e_mean_s")),
+                     plus_minus(s["good_share"], "{:.0f}", 100, "%"), plus_minus(s["busiest"], "{:.2f}"),
+                     *((plus_minus(vs["hit_points"], "{:+.1f}"), plus_minus(vs["ttft_mean_ratio"], "{:+.0f}", 100, "%"),
+                        plus_minus(vs["good_points"], "{:+.1f}")) if vs else ("-",) * 3)]
+            lines.append(f"| {where} | {'**' + name + '**' if name == REFERENCE else name} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
-
-TTFT_LINE = -0.02
-"""The line a mean TTFT is held to against each peer: lower than the peer's by more than 2%, the whole interval."""
-
-
-def misses(vs: dict) -> tuple[bool, bool]:
-    """Whether the paired intervals miss the line: (cached share not higher beyond its interval, mean TTFT not lower
-    than the peer's by more than ``TTFT_LINE`` beyond its interval); an unknown figure misses."""
-    hit, ttft = vs["hit_points"], vs["ttft_mean_ratio"]
-    return hit is None or hit[0] - hit[1] <= 0, ttft is None or ttft[0] + ttft[1] >= TTFT_LINE
-
-
-def shortfall(results: list[dict]) -> str:
-    """A row per results file and real router (round-robin arms are a baseline, not a router users pick) where
-    kvmesh's default misses the line on its cached share or its mean TTFT, the missed figure in bold."""
-    lines = ["| workload, rate | against | kvmesh minus it: cached (points) | kvmesh's mean TTFT / its - 1 |",
-             "|---|---|---|---|"]
-    for result in results:
-        v = verdict_stats(result)
-        where = f"{v['workload']}, {v['rate']:g}/s"
-        for name, s in v["routers"].items():
-            vs = s.get("vs_reference")
-            if not vs or "round_robin" in name or "round-robin" in name or not any(misses(vs)):
-                continue
-            hit_missed, ttft_missed = misses(vs)
-            hit = plus_minus(vs["hit_points"], "{:+.1f}")
-            ttft = plus_minus(vs["ttft_mean_ratio"], "{:+.0f}", 100, "%")
-            lines.append(f"| {where} | {name} | {f'**{hit}**' if hit_missed else hit} | "
-                         f"{f'**{ttft}**' if ttft_missed else ttft} |")
-    return "\n".join(lines)
