@@ -9,8 +9,8 @@ The light tenant's p90 stays within 3x its unloaded p90 during and after the att
 is answered at once (the abandoned compiles were dequeued, not run); 5 s after the attacker stops nothing is
 compiling or busy in the replica and it holds its fixed compile processes. Its memory (RSS with its children) is read
 after the flood and after a second flood of fresh values: the first may leave the allocator's high-water mark (the
-heap the checks and replies grew, kept for reuse), the second must not add to it (``SECOND_ROUND_MB``). And SIGTERM
-ends a replica whose compile processes are busy within 10 s, leaving none behind.
+heap the checks and replies grew, kept for reuse; ``HIGH_WATER_MB``), the second must not add to it
+(``SECOND_ROUND_MB``). And SIGTERM ends a replica whose compile processes are busy within 10 s, leaving none behind.
 """
 
 from __future__ import annotations
@@ -43,10 +43,14 @@ COMPILE_PROCESSES = 2
 BASELINE_FLOOR_S = 0.05
 """The unloaded p90 counted at least this (timer and scheduling noise of a small shared test machine)."""
 SECOND_ROUND_MB = 16
-"""Resident memory the replica's process tree may gain over a second flood: the readings' own noise (a replaced
-compile process's first pages) is a few MB. What the first flood leaves (the heap its checks grew, kept by the
-allocator for reuse: about 16 MB) is reused by the second; a holder of what a flood sends or compiles (its 60
-schemas, its 1,000-word choice lists) grows again by its size."""
+"""Resident memory the replica's process tree may gain over a second flood beyond the high-water mark a flood leaves:
+the readings' own noise (a replaced compile process's first pages) is a few MB. What a flood leaves (the heap its
+checks grew, kept by the allocator for reuse) is reused by the next; a holder of what a flood sends or compiles (its
+60 schemas, its 1,000-word choice lists) grows again by its size."""
+HIGH_WATER_MB = 40
+"""The high-water mark one flood leaves, above the memory before it: 9 MB with xgrammar 0.2.8, 37-38 MB with 0.2.9
+(alone on a 2-core machine). Under other load the first flood may stop short of it and the second reach it, so the
+second is held to the larger of what the first left and this mark."""
 SETTLE_S = 5.0
 """The most the replica may take, once the attacker stops, to be idle: nothing compiling or waiting to, its compile
 processes back to their number, and quiet (``quiet_cpu``). Awaited, not slept: a replica idle sooner is read then."""
@@ -198,7 +202,7 @@ def _second_flood_adds_no_memory(proc: psutil.Process, url: str, before: int) ->
     figures = (f"the replica's processes: {before >> 20} MB before the floods, {first >> 20} MB after the first, "
                f"{second >> 20} MB after the second")
     print(figures)  # shown for a test that passed too (pytest -rP)
-    assert second - first < SECOND_ROUND_MB << 20, figures
+    assert second - max(first, before + (HIGH_WATER_MB << 20)) < SECOND_ROUND_MB << 20, figures
 
 
 def test_sigterm_ends_a_replica_with_compiles_running(stories_path):
