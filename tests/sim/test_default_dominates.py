@@ -57,14 +57,7 @@ def test_the_default_policy_dominates_kvmeshs_other_policies_on_a_cut_of_the_tra
     assert dominance(_rivals(workload, peers=False)) == {}, f"{DEFAULT_POLICY} on {workload}: {figures}"
 
 
-PEERS_WIN = {"azure_conv": "llmd_precise (llm-d's precise prefix scorer, KV events) keeps more prefix hits than "
-                           "the default on this cut (47.0% against 45.9%, beyond the 0.2-point slack)"}
-"""Cuts where a peer's formula beats the default beyond the slack: a known gap of the default (the routing work
-against the peers is open), failing loudly once closed."""
-
-
-@pytest.mark.parametrize("workload", [pytest.param(w, marks=pytest.mark.xfail(strict=True, reason=PEERS_WIN[w]))
-                                      if w in PEERS_WIN else w for w in CUTS])
+@pytest.mark.parametrize("workload", CUTS)
 def test_the_default_policy_dominates_the_peers_formulas_on_a_cut_of_the_trace(workload):
     assert dominance(_rivals(workload, peers=True)) == {}, f"{DEFAULT_POLICY} on {workload}: {_figures(workload)}"
 

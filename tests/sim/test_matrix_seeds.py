@@ -117,5 +117,73 @@ def test_the_table_merges_the_files_of_a_matrix_split_over_processes():
     assert list(merged([one, other])["cells"]) == ["a/2x/none", "a/3x/none"]
     with pytest.raises(ValueError, match="cells in two verdict files: a/2x/none"):
         merged([one, one])
-    with pytest.raises(ValueError, match="different comparisons"):
-        merged([one, other | {"policies": [DEFAULT_POLICY]}])
+    fewer = merged([one, other | {"policies": [DEFAULT_POLICY]}])  # a file whose rival is being run again
+    assert list(fewer["cells"]) == ["a/2x/none", "a/3x/none"]
+    with pytest.raises(ValueError, match="different defaults"):
+        merged([one, other | {"default": "round_robin"}])
+
+
+def test_refresh_reruns_a_rival_on_every_stored_seed_and_keeps_the_others(tmp_path, monkeypatch):
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import refresh_matrix
+
+    out = tmp_path / "v.json"
+    cell = _cell([1.2, 1.2, 1.2]) | {"command": "kvmesh sim --workload chatbot --time-scale 0.5 --arrival-seed K "
+                                                "--policies cache_aware_tokens,dynamo --no-plot --peer-pulls"}
+    out.write_text(json.dumps({"default": DEFAULT_POLICY, "policies": [DEFAULT_POLICY, "dynamo", "sglang"],
+                               "cells": {"chatbot/2x/none": cell}}))
+    ran = []
+
+    def fake_seed(args, niceness, timeout_s):
+        ran.append(args)
+        if len(ran) == 2:
+            raise KeyboardInterrupt  # stopped mid-way: the first seed is kept and marked
+        return {p: BASE | {"ttft_mean": 0.5} for p in args[args.index("--policies") + 1].split(",")}, 1.0
+
+    monkeypatch.setattr(matrix_seeds, "run_seed", fake_seed)
+    with pytest.raises(KeyboardInterrupt):
+        refresh_matrix(out, ["dynamo"], niceness=0, timeout_s=10.0, budget_s=None)
+    assert ran[0] == ["sim", "--workload", "chatbot", "--time-scale", "0.5", "--arrival-seed", "0", "--policies",
+                      "dynamo", "--no-plot", "--peer-pulls"]
+    mid = json.loads(out.read_text())
+    assert mid["cells"]["chatbot/2x/none"]["refreshing"] == {"policies": ["dynamo"], "seeds": ["0"]}
+    with pytest.raises(SystemExit, match="mid-refresh"):  # no new seeds onto half-refreshed figures
+        run_matrix(out, [], default=DEFAULT_POLICY, policies=[DEFAULT_POLICY, "dynamo", "sglang"], min_seeds=4,
+                   max_seeds=6, replicas=16, niceness=0, timeout_s=10.0, budget_s=None)
+    with pytest.raises(SystemExit, match="mid-refresh"):
+        refresh_matrix(out, ["sglang"], niceness=0, timeout_s=10.0, budget_s=None)
+    refresh_matrix(out, ["dynamo"], niceness=0, timeout_s=10.0, budget_s=None)  # resumes at seed 1
+    assert [a[a.index("--arrival-seed") + 1] for a in ran] == ["0", "1", "1", "2"]
+    seeds = json.loads(out.read_text())["cells"]["chatbot/2x/none"]
+    assert "refreshing" not in seeds
+    assert all(s["dynamo"]["ttft_mean"] == 0.5 and s[DEFAULT_POLICY] == BASE for s in seeds["seeds"].values())
+    with pytest.raises(SystemExit, match="not the default"):
+        refresh_matrix(out, [DEFAULT_POLICY], niceness=0, timeout_s=10.0, budget_s=None)
+    refresh_matrix(out, ["llmd"], niceness=0, timeout_s=10.0, budget_s=None)  # a rival the file lacks: added
+    done = json.loads(out.read_text())
+    assert done["policies"] == [DEFAULT_POLICY, "dynamo", "sglang", "llmd"]
+    assert "--policies cache_aware_tokens,dynamo,sglang,llmd --no-plot" in done["cells"]["chatbot/2x/none"]["command"]
+    assert ran[-1][ran[-1].index("--policies") + 1] == "llmd"
+    assert all(s["llmd"]["ttft_mean"] == 0.5 for s in done["cells"]["chatbot/2x/none"]["seeds"].values())
+
+
+def test_a_policy_run_alone_gives_the_figures_it_gives_beside_the_others(tmp_path):
+    """What ``--refresh`` rests on: a seed's run of one policy does not depend on the policies run beside it."""
+    out = tmp_path / "v.json"
+    run_matrix(out, [("mooncake/1x/none", 1.0, ["--limit", "200"])], default=DEFAULT_POLICY,
+               policies=[DEFAULT_POLICY, "sglang", "llmd"], min_seeds=2, max_seeds=2, replicas=4, niceness=0,
+               timeout_s=300.0, budget_s=None)
+    cell = json.loads(out.read_text())["cells"]["mooncake/1x/none"]
+    alone, _ = matrix_seeds.run_seed(matrix_seeds.refresh_command(cell, "1", ["llmd"]), 0, 300.0)
+    assert alone == {"llmd": cell["seeds"]["1"]["llmd"]}
+
+
+def test_a_cell_without_a_rival_the_others_compare_says_so_and_is_counted_apart():
+    both = {str(k): _seed(1.2) | {"sglang": dict(BASE) | {"ttft_mean": 0.9}} for k in range(4)}
+    data = {"default": DEFAULT_POLICY, "cells": {"a/2x/none": {"seeds": both, "wall_s": {}},
+                                                 "a/3x/none": _cell([1.2] * 4)}}
+    lines = table(data, 2).splitlines()
+    assert lines[2].startswith("| a/2x/none | 4 (0 min) | fail | **sglang TTFT mean")
+    assert lines[3] == "| a/3x/none | 4 (0 min) | pass (without sglang) | - | 1/1 |"
+    assert lines[-1] == ("0 cells pass, 1 fail, 0 undecided (of 1 with their seeds and every peer's formula); without "
+                         "sglang, whose formulas are not yet run again on them: 1 pass, 0 fail, 0 undecided (of 1); "
+                         "every cell of the matrix has run its seeds.")

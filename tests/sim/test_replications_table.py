@@ -50,3 +50,34 @@ def test_headline_runs_each_missing_seed_once(tmp_path, monkeypatch):
     assert sim[1:5] == ["--num-replicas", "16", "--time-scale", "0.5"]
     assert sim[sim.index("--policies") + 1].split(",")[:5] == ["cache_aware_tokens", "dynamo", "llmd", "llmd_precise",
                                                                 "sglang"]
+
+
+def test_headline_refresh_puts_a_policys_new_run_in_place_on_every_seed(tmp_path, monkeypatch):
+    import json
+
+    from kvmesh.cluster.measure.benchmarks import headline
+
+    for k in range(2):
+        (tmp_path / f"sim_mooncake_2x_seed{k}.json").write_text(
+            json.dumps(report(k, {"cache_aware_tokens": 0.5, "llmd": 0.1, "random": 0.2})))
+    ran = []
+
+    def fake_run(cmd, **kw):
+        ran.append(cmd)
+        out = cmd[cmd.index("--out") + 1]
+        (tmp_path / "fresh").mkdir(exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(report(0, {"llmd": 0.9}), f)
+
+    monkeypatch.setattr(headline.subprocess, "run", fake_run)
+    assert headline.main(["--seeds", "2", "--out-dir", str(tmp_path), "--refresh", "llmd"]) == 0
+    assert [cmd[cmd.index("--policies") + 1] for cmd in ran] == ["llmd", "llmd"]
+    for k in range(2):
+        doc = json.loads((tmp_path / f"sim_mooncake_2x_seed{k}.json").read_text())
+        assert list(doc["policies"]) == ["cache_aware_tokens", "llmd", "random"]  # the order kept
+        assert doc["policies"]["llmd"]["ttft_s"]["mean"] == 0.9 and doc["policies"]["random"]["ttft_s"]["mean"] == 0.2
+        assert doc["refreshed"] == ["llmd"] and doc["trace"]["arrivals"].startswith(f"arrival seed {k}")
+    headline.main(["--seeds", "2", "--out-dir", str(tmp_path), "--refresh", "llmd"])
+    assert len(ran) == 2  # done already: nothing run again
+    with pytest.raises(SystemExit, match="policies of the comparison"):
+        headline.main(["--seeds", "2", "--out-dir", str(tmp_path), "--refresh", "vllm"])

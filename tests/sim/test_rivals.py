@@ -65,45 +65,69 @@ def test_dynamo_breaks_ties_at_random():
 
 def test_llmd_default_profile_weights():
     policy = get_policy("llmd", block_size=BS, seed=0)
-    policy.history.server("r1").add(KEYS[:32])
+    blocks = policy.blocks(KEYS, 1024)  # 16 blocks of 64 tokens
+    policy.history.add("r1", blocks[:8], 1000)
     scraped = loads(3, r0={"num_waiting": 0, "kv_usage": 0.4}, r1={"num_waiting": 4, "kv_usage": 0.25},
                     r2={"num_waiting": 2, "kv_usage": 0.1})
-    assert policy.scores(KEYS, scraped) == pytest.approx(
+    assert policy.scores(blocks, scraped) == pytest.approx(
         {"r0": 3 * 0 + 2 * 1.0 + 2 * 0.6, "r1": 3 * 0.5 + 2 * 0.0 + 2 * 0.75, "r2": 3 * 0 + 2 * 0.5 + 2 * 0.9})
-    assert policy.choose_worker(KEYS, TierMatches(), scraped) == "r0"
+    assert policy.choose_worker(KEYS, TierMatches(), scraped, 1024) == "r0"
+
+
+def test_llmd_blocks_are_64_tokens_whatever_the_engine_block_and_the_tail_counts():
+    policy = get_policy("llmd", block_size=BS, seed=0)
+    assert policy.block_size_tokens == 64 and policy.max_blocks == 131_072 // 64
+    assert policy.blocks(KEYS, 1024) == KEYS[3::4]  # every fourth key chains a whole 64-token prefix
+    blocks = policy.blocks(KEYS[:10], 170)  # 2 whole blocks (128 tokens), then 42 tokens
+    assert blocks[:2] == [3, 7] and blocks[2] == ("tail", 9, 170)
+    assert get_policy("llmd", block_size=128).blocks(KEYS[:3], 3 * 128) == KEYS[:3]  # a coarser engine block
 
 
 def test_llmd_prefix_is_its_own_routing_history_not_the_index():
     policy = get_policy("llmd", block_size=BS, seed=0)
-    first = policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2))
-    assert policy.scores(KEYS, loads(2))[first] == 3 + 2 + 2
-    assert policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2)) == first
+    first = policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2), 1024)
+    assert policy.scores(policy.blocks(KEYS, 1024), loads(2))[first] == 3 + 2 + 2
+    assert policy.choose_worker(KEYS, TierMatches({"r1": 64}), loads(2), 1024) == first
 
 
-def test_llmd_history_is_a_bounded_lru_over_leading_blocks():
-    policy = get_policy("llmd", LlmdConfig(lru_capacity_tokens=10 * BS, max_prefix_tokens=32 * BS), block_size=BS)
-    policy.history.server("r0").add(KEYS[:32])
-    assert policy.history.server("r0").match(KEYS) == 0  # the leading blocks were evicted
-    assert policy.max_blocks == 32
+def test_llmd_counts_what_each_server_was_sent_until_a_block_nobody_was():
+    policy = get_policy("llmd", block_size=BS, seed=0)
+    history = policy.history
+    history.add("r0", ["a", "c"], 100)
+    history.add("r1", ["a", "b"], 100)
+    assert history.matches(["a", "b", "c", "d"]) == {"r0": 2, "r1": 2}  # r0 lacks "b" and still counts "c"
+    assert history.matches(["x", "a"]) == {}
 
 
-# -- llmd_precise: 2 x tier-weighted longest prefix (min-max over matching servers) + 1 x queue + 1 x KV --
+def test_llmd_lru_is_sized_by_the_servers_reported_cache_when_first_routed():
+    policy = get_policy("llmd", block_size=BS, seed=0)
+    small = loads(1, r0={"num_kv_blocks": 10})
+    policy.choose_worker(KEYS, TierMatches(), small, 1024)  # 16 blocks into an LRU of 10: the first 6 go
+    assert len(policy.history.servers["r0"]) == 10
+    assert policy.history.matches(policy.blocks(KEYS, 1024)) == {}  # its leading blocks were evicted
+    fixed = get_policy("llmd", LlmdConfig(auto_tune=False, lru_capacity_blocks=12, block_size_tokens=128),
+                       block_size=BS, seed=0)
+    fixed.choose_worker(KEYS, TierMatches(), small, 1024)
+    assert fixed.block_size_tokens == 128 and len(fixed.history.servers["r0"]) == 8  # 8 blocks of 128 fit in 12
 
-def test_llmd_precise_normalises_across_matching_servers():
+
+# -- llmd_precise: 2 x tier-weighted longest prefix over the request's blocks + 1 x queue + 1 x KV --
+
+def test_llmd_precise_scores_the_weighted_match_over_the_requests_blocks():
     policy = get_policy("llmd_precise", block_size=BS, seed=0)
-    tiers = TierMatches({"r0": 10, "r1": 20}, {"r2": 30})  # r2: 30 host blocks = 24 weighted
-    scores = policy.scores(tiers, loads(4))
-    assert scores == pytest.approx({"r0": 2 * 0.0 + 2, "r1": 2 * 10 / 14 + 2, "r2": 2 * 1.0 + 2, "r3": 2 * 0.0 + 2})
+    tiers = TierMatches({"r0": 10, "r1": 20}, {"r2": 31})  # r2: 31 host blocks = 24.8 weighted, 24 whole
+    scores = policy.scores(64, tiers, loads(4))
+    assert scores == pytest.approx({"r0": 2 * 10 / 64 + 2, "r1": 2 * 20 / 64 + 2, "r2": 2 * 24 / 64 + 2, "r3": 2})
     assert policy.choose_worker(KEYS, tiers, loads(4)) == "r2"
 
 
-def test_llmd_precise_one_matching_server_scores_one():
+def test_llmd_precise_a_short_match_does_not_outweigh_a_queue():
     policy = get_policy("llmd_precise", block_size=BS, seed=0)
     scraped = loads(2, r0={"num_waiting": 3, "kv_usage": 0.9})
-    assert policy.scores(TierMatches({"r0": 1}), scraped) == pytest.approx({"r0": 2 + 0 + 0.1, "r1": 0 + 1 + 1})
-    assert policy.choose_worker(KEYS, TierMatches({"r0": 1}), scraped) == "r0"  # one block outweighs its queue and KV
-    fuller = loads(2, r0={"num_waiting": 3, "kv_usage": 1.0})
-    assert policy.scores(TierMatches({"r0": 1}), fuller) == pytest.approx({"r0": 2.0, "r1": 2.0})
+    assert policy.scores(64, TierMatches({"r0": 1}), scraped) == pytest.approx({"r0": 2 / 64 + 0 + 0.1, "r1": 2})
+    assert policy.choose_worker(KEYS, TierMatches({"r0": 1}), scraped) == "r1"  # one block of 64: the idle one
+    assert policy.choose_worker(KEYS, TierMatches({"r0": 64}), scraped) == "r0"  # the whole prompt: its holder
+    assert policy.scores(0, TierMatches({"r0": 1}), scraped) == pytest.approx({"r0": 0.1, "r1": 2})
 
 
 # -- sglang: shortest queue when imbalanced, else the tree's match above 0.3, else the smallest tree --

@@ -3,6 +3,7 @@ rate, the default against the peers' formulas and the baselines, once per arriva
 
     kvmesh bench headline --seeds 10                  # results/headline/sim_mooncake_2x_seed{K}.json, K = 0..9
     kvmesh bench report                               # README's table: mean and 95% interval over the files
+    kvmesh bench headline --refresh llmd              # a policy whose formula changed, again on each seed
 
 A seed whose file exists is kept (the runs resume); each run is one ``kvmesh sim`` process (``nice``), bounded by
 ``--timeout-s``. ``table`` (``kvmesh bench report``'s ``replications`` kind) turns the reports of one comparison
@@ -12,8 +13,10 @@ into a row per policy: the mean over the seeds and its 95% interval (Student's t
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from kvmesh.cluster.measure.loadgen.intervals import interval
@@ -68,14 +71,44 @@ def command(seed: int, out: Path) -> list[str]:
             "--policies", ",".join(POLICIES), "--no-plot", "--no-progress", "--out", str(out)]
 
 
+def refresh(out_dir: Path, seeds: int, policies: list[str], timeout_s: float) -> int:
+    """``policies`` run again on each seed's stored report, their entries replaced in place (the others' runs are
+    deterministic given the seed and stay); a report records what was refreshed (``refreshed``), so a bounded run
+    resumes."""
+    if unknown := set(policies) - set(POLICIES):
+        raise SystemExit(f"--refresh names policies of the comparison ({', '.join(POLICIES)}), not "
+                         f"{', '.join(sorted(unknown))}")
+    for seed in range(seeds):
+        out = out_dir / f"sim_mooncake_2x_seed{seed}.json"
+        report = json.loads(out.read_text())
+        if report.get("refreshed") == policies:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            fresh = Path(tmp) / "sim.json"
+            cmd = command(seed, fresh)
+            cmd[cmd.index("--policies") + 1] = ",".join(policies)
+            print(" ".join(["kvmesh", *cmd[cmd.index("sim"):]]), flush=True)
+            subprocess.run(["nice", "-n", "5", *cmd], check=True, stdout=subprocess.DEVNULL, timeout=timeout_s)
+            again = json.loads(fresh.read_text())["policies"]
+        report["policies"] = {name: again.get(name, figures) for name, figures in report["policies"].items()}
+        report["refreshed"] = policies
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kvmesh bench headline", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10, help="arrival seeds 0..N-1 (default: %(default)s)")
     ap.add_argument("--out-dir", default="results/headline", help="one report per seed here (default: %(default)s)")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="most seconds one seed's run may take")
+    ap.add_argument("--refresh", default=None, metavar="RIVALS",
+                    help="run these policies (comma-separated) again on every seed's report and put their figures "
+                         "in place: after their formulas changed")
     args = ap.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.refresh is not None:
+        return refresh(out_dir, args.seeds, args.refresh.split(","), args.timeout_s)
     for seed in range(args.seeds):
         out = out_dir / f"sim_mooncake_2x_seed{seed}.json"
         if out.exists():

@@ -3,7 +3,8 @@
 ``paired_verdict`` per cell, with more seeds (up to ``--max-seeds``) while a cell is undecided.
 
 Each seed's per-policy figures are written to the results file as it finishes (the runs resume); the verdict is
-recomputed from them by ``kvmesh bench report`` (its ``verdict`` kind, ``table``).
+recomputed from them by ``kvmesh bench report`` (its ``verdict`` kind, ``table``). When a rival's formula changes,
+``refresh_matrix`` runs that rival again on the seeds stored (``--refresh``) and keeps the others' runs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -77,12 +79,13 @@ def seeds_to_run(cell: dict, default: str, min_seeds: int, max_seeds: int) -> in
 
 
 def merged(docs: list[dict]) -> dict:
-    """The cells of several results files of one comparison (the matrix split over processes by ``--out``)."""
+    """The cells of several results files of one default (the matrix split over processes by ``--out``); each cell is
+    judged against the rivals its file compares, so a file may compare fewer while a rival's new formula is run on
+    it (``refresh_matrix``)."""
     first, cells = docs[0], {}
     for d in docs:
-        if (d["default"], d["policies"]) != (first["default"], first["policies"]):
-            raise ValueError(f"verdict files of different comparisons: policies {first['policies']} and "
-                             f"{d['policies']}")
+        if d["default"] != first["default"]:
+            raise ValueError(f"verdict files of different defaults: {first['default']} and {d['default']}")
         if twice := set(cells) & set(d["cells"]):
             raise ValueError(f"cells in two verdict files: {', '.join(sorted(twice))}")
         cells |= d["cells"]
@@ -92,38 +95,46 @@ def merged(docs: list[dict]) -> dict:
 def table(data: dict, matrix_size: int) -> str:
     """A row per cell run: its seeds, its verdict (below ``min_seeds``: the verdict its seeds so far give, not
     counted), the pairs that fail or straddle with their intervals, and the peers' formulas it beats on a primary
-    metric; then the count (of the ``matrix_size`` cells of the whole matrix)."""
+    metric; then the count (of the ``matrix_size`` cells of the whole matrix). A cell without some of the peers the
+    other cells compare (a rival being run again on new formulas) says which, and is counted apart."""
     default, by_name = data["default"], {m.name: m for m in METRICS}
     out = ["| cell | seeds | verdict | rivals better beyond the margin, or straddling it (default - rival, 95% "
            "interval) "
            "| peers beaten |", "|---|---|---|---|---|"]
+    judged = {key: judge_cell([cell["seeds"][k] for k in sorted(cell["seeds"], key=int)], default)
+              for key, cell in data["cells"].items() if len(cell["seeds"]) >= 2}
+    compared = [p for p in PEERS if any(p in j["pairs"] for j in judged.values())]
     counts = {PASS: 0, FAIL: 0, UNDECIDED: 0}
-    running = 0
-    for key, cell in data["cells"].items():
-        seeds = [cell["seeds"][k] for k in sorted(cell["seeds"], key=int)]
-        if len(seeds) < 2:  # no interval yet
-            running += len(seeds)
-            continue
-        j = judge_cell(seeds, default)
-        if len(seeds) < data.get("min_seeds", 2):  # not yet a verdict: the intervals so far
+    partial, lacking = dict(counts), set()
+    running = sum(len(cell["seeds"]) for key, cell in data["cells"].items() if key not in judged)
+    for key, j in judged.items():
+        cell, verdict = data["cells"][key], j["verdict"]
+        missing = [p for p in compared if p not in j["pairs"]]
+        if j["seeds"] < data.get("min_seeds", 2):  # not yet a verdict: the intervals so far
             running += 1
-            j["verdict"] = f"{j['verdict']} so far ({len(seeds)} of {data['min_seeds']} seeds)"
+            verdict = f"{verdict} so far ({j['seeds']} of {data['min_seeds']} seeds)"
         else:
-            counts[j["verdict"]] += 1
+            (partial if missing else counts)[verdict] += 1
+            lacking.update(missing)
+        if missing:
+            verdict += f" (without {', '.join(missing)})"
         notes = [f"{'**' if v == FAIL else ''}{rival} {by_name[m].label} {j['diffs'][rival][m].describe(by_name[m])}"
                  f"{'**' if v == FAIL else ' (undecided)'}"
                  for rival, per in j["pairs"].items() for m, v in per.items() if v != PASS]
         peers = [p for p in PEERS if p in j["pairs"]]
         beaten = f"{sum(p in j['beaten'] for p in peers)}/{len(peers)}" if peers else "-"
         minutes = sum(cell["wall_s"].values()) / 60
-        out.append(f"| {key} | {j['seeds']} ({minutes:.0f} min) | {j['verdict']} | {'; '.join(notes) or '-'} "
+        out.append(f"| {key} | {j['seeds']} ({minutes:.0f} min) | {verdict} | {'; '.join(notes) or '-'} "
                    f"| {beaten} |")
-    run = sum(counts.values())
-    left = (f"{matrix_size - run} of the matrix's {matrix_size} cells have no verdict yet ({running} of them "
-            "running)." if run < matrix_size else "every cell of the matrix has run its seeds.")
-    return "\n".join(out) + (f"\n\n{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided "
-                             f"(of {run} with their seeds); {left}")
-
+    run, apart = sum(counts.values()), sum(partial.values())
+    left = (f"{matrix_size - run - apart} of the matrix's {matrix_size} cells have no verdict yet ({running} of "
+            "them running)." if run + apart < matrix_size else "every cell of the matrix has run its seeds.")
+    line = f"{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided (of {run} with their seeds"
+    if apart:
+        names = ", ".join(p for p in compared if p in lacking)
+        line += (f" and every peer's formula); without {names}, whose formulas are not yet run again on them: "
+                 f"{partial[PASS]} pass, {partial[FAIL]} fail, {partial[UNDECIDED]} undecided (of {apart}")
+    return "\n".join(out) + f"\n\n{line}); {left}"
 
 
 def run_matrix(out: Path, cells: list[tuple[str, float, list[str]]], *, default: str, policies: list[str],
@@ -136,6 +147,8 @@ def run_matrix(out: Path, cells: list[tuple[str, float, list[str]]], *, default:
     if data and (data["default"], data["policies"]) != (default, policies):
         raise SystemExit(f"{out} holds another comparison (default {data['default']}, policies {data['policies']}): "
                          "name another --out")
+    if any("refreshing" in cell for cell in data.get("cells", {}).values()):
+        raise SystemExit(f"{out} is mid-refresh: finish it (--refresh) before adding seeds")
     data = data or {"default": default, "policies": policies, "replicas": replicas, "cells": {}}
     data |= {"min_seeds": min_seeds, "max_seeds": max_seeds}
     t0 = time.perf_counter()
@@ -152,3 +165,50 @@ def run_matrix(out: Path, cells: list[tuple[str, float, list[str]]], *, default:
             print(f"{key} seed {seed}: {wall:.0f} s; verdict so far: {cell_state(cell, default)}", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def refresh_command(cell: dict, seed: str, policies: list[str]) -> list[str]:
+    """A cell's recorded ``kvmesh sim`` command for one seed, running ``policies`` only."""
+    args = shlex.split(with_policies(cell["command"], policies))[1:]
+    args[args.index("--arrival-seed") + 1] = seed
+    return args
+
+
+def refresh_matrix(out: Path, policies: list[str], *, niceness: int, timeout_s: float,
+                   budget_s: float | None) -> None:
+    """Run ``policies`` (rivals, not the default) again on every seed ``out`` holds and put their figures in place of
+    the stored ones, or beside them for a rival the file does not compare yet: for formulas that changed, when the
+    others' runs (deterministic given the seed) stay valid. Each cell marks the seeds done (``refreshing``) until
+    every cell is, so a bounded run resumes; ``run_matrix`` refuses a file mid-refresh."""
+    data = json.loads(out.read_text())
+    if not policies or data["default"] in policies:
+        raise SystemExit(f"--refresh names rivals to run again, not the default ({data['default']})")
+    t0 = time.perf_counter()
+    for key, cell in data["cells"].items():
+        marker = cell.setdefault("refreshing", {"policies": policies, "seeds": []})
+        if marker["policies"] != policies:
+            raise SystemExit(f"{out}: {key} is mid-refresh of {marker['policies']}: finish that first")
+        for seed in sorted(cell["seeds"], key=int):
+            if seed in marker["seeds"]:
+                continue
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                print(f"budget spent: {key} seed {seed} and what follows not refreshed", flush=True)
+                return
+            figures, wall = run_seed(refresh_command(cell, seed, policies), niceness, timeout_s)
+            cell["seeds"][seed] |= figures
+            marker["seeds"].append(seed)
+            print(f"{key} seed {seed}: {', '.join(policies)} again in {wall:.0f} s", flush=True)
+            out.write_text(json.dumps(data, indent=1) + "\n")
+    data["policies"] += [p for p in policies if p not in data["policies"]]
+    for cell in data["cells"].values():
+        del cell["refreshing"]
+        cell["command"] = with_policies(cell["command"], data["policies"])
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{out}: {', '.join(policies)} refreshed on every seed", flush=True)
+
+
+def with_policies(command: str, policies: list[str]) -> str:
+    """A cell's recorded command with ``--policies`` naming ``policies``."""
+    args = shlex.split(command)
+    args[args.index("--policies") + 1] = ",".join(policies)
+    return shlex.join(args)

@@ -1,17 +1,20 @@
-"""``llmd_precise``: llm-d's inference scheduler with its precise prefix-cache scorer (KV events), at its defaults.
+"""``llmd_precise``: llm-d's router with its precise prefix-cache producer (KV events), at its defaults.
 
-Read from llm-d/llm-d-inference-scheduler ``pkg/plugins/scorer/precise_prefix_cache.go`` (commit 17abea8a) and
-``pkg/plugins/scorer/utils.go`` (commit 2202f3ca), with the kv-cache indexer's tier weights (GPU 1.0, CPU 0.8:
-its documented defaults, not read in its source here): per server, the longest run of the prompt's leading blocks it
-holds in the index its engines' KV events feed, each block weighted by its tier (a device block 1.0, a host-tier block
-past the device prefix 0.8). The raw scores are
-then min-max normalised over the servers that match at all (``indexedScoresToNormalizedScoredPods``: the best 1,
-the worst matching one 0, all matching ones 1 when equal, a server matching nothing 0). That is where this
-differs from a share of the request's blocks, as a summary of it may say: the source normalises across servers.
+Read from llm-d/llm-d-router at commit ebab6879 (August 2026): ``deploy/config/epp-precise-prefix-cache-config.yaml``
+(the precise producer feeding the generic prefix-cache scorer; prefix 2, KV cache 1, queue 1),
+``dataproducer/preciseprefixcache/producer.go``, ``scorer/prefix/plugin.go`` and ``pkg/kvcache/kvblock_scorer.go``.
+Per server, the longest run of the prompt's leading blocks it holds in the index its engines' KV events feed, each
+block weighted by the best tier it is held in (a device block 1.0, a host-tier block 0.8:
+``DefaultKVCacheBackendConfig``); the producer truncates that weighted length to whole blocks and the scorer divides it
+by the request's blocks (``matchBlocks / totalBlocks``; its ``matchLengthWeight`` is 0 by default, so the match's
+absolute length does not count). A server matching nothing scores 0.
 
-Total (its precise-prefix guide's profile: prefix 2, queue 1, KV cache 1): 2 x that prefix score + 1 x queue score
-+ 1 x KV-cache score (the queue and KV scorers of ``llmd``, on scraped ``num_waiting`` and ``kv_usage``, every 50 ms
-in ``kvmesh sim``); the highest wins, ties at random.
+Total: 2 x that prefix score + 1 x queue score + 1 x KV-cache score (the queue and KV scorers of ``llmd``, on scraped
+``num_waiting`` and ``kv_usage``, every 50 ms in ``kvmesh sim``); the highest wins, ties at random.
+
+llm-d's releases before May 2026 normalised the raw lengths min-max over the servers that matched (the best 1, the
+worst matching 0), so a server holding one block of a prompt nobody else held scored as one holding all of it; the
+share of the request is less sticky, and it is what ships now.
 
 The index here is the router's (``tiers``), fed by the replicas' events; llm-d's speculative entries are off by
 default, so the router's own short-lived predictions (``router.predict_ttl_s``) are the one thing it sees that
@@ -62,20 +65,17 @@ class LlmdPreciseConfig(PolicyConfig):
                 raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-def precise_prefix_scores(tiers: TierMatches, loads: Loads, device_weight: float,
+def precise_prefix_scores(tiers: TierMatches, loads: Loads, num_blocks: int, device_weight: float,
                           host_weight: float) -> dict[ReplicaId, float]:
-    """Tier-weighted longest prefix per candidate, min-max normalised over the candidates that match."""
-    raw = {}
+    """Each candidate's tier-weighted longest prefix, truncated to whole blocks, over the request's ``num_blocks``."""
+    if num_blocks <= 0:
+        return dict.fromkeys(loads, 0.0)
+    out = {}
     for rid in loads:
         device = tiers.device.get(rid, 0)
         host_beyond = max(0, tiers.host.get(rid, 0) - device)
-        if device or host_beyond:
-            raw[rid] = device_weight * device + host_weight * host_beyond
-    if not raw:
-        return dict.fromkeys(loads, 0.0)
-    low, high = min(raw.values()), max(raw.values())
-    return {rid: (0.0 if rid not in raw else 1.0 if high == low else (raw[rid] - low) / (high - low))
-            for rid in loads}
+        out[rid] = int(device_weight * device + host_weight * host_beyond) / num_blocks
+    return out
 
 
 class LlmdPrecisePolicy(Rival):
@@ -84,10 +84,10 @@ class LlmdPrecisePolicy(Rival):
     config_type = LlmdPreciseConfig
     config: LlmdPreciseConfig
 
-    def scores(self, tiers: TierMatches, loads: Loads) -> dict[ReplicaId, float]:
-        """Every candidate's weighted total (the highest is chosen)."""
+    def scores(self, num_blocks: int, tiers: TierMatches, loads: Loads) -> dict[ReplicaId, float]:
+        """Every candidate's weighted total for a request of ``num_blocks`` (the highest is chosen)."""
         c = self.config
-        prefix = precise_prefix_scores(tiers, loads, c.device_block_weight, c.host_block_weight)
+        prefix = precise_prefix_scores(tiers, loads, num_blocks, c.device_block_weight, c.host_block_weight)
         queue, kv = queue_scores(loads), kv_cache_scores(loads)
         return {rid: c.prefix_weight * prefix[rid] + c.queue_weight * queue[rid] + c.kv_cache_weight * kv[rid]
                 for rid in loads}
@@ -95,4 +95,4 @@ class LlmdPrecisePolicy(Rival):
     def choose_worker(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                       num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         check_candidates(loads)
-        return pick_highest(self.scores(tiers, loads), self.rng)
+        return pick_highest(self.scores(len(request_keys), tiers, loads), self.rng)
