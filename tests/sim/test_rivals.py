@@ -81,6 +81,7 @@ def test_llmd_blocks_are_64_tokens_whatever_the_engine_block_and_the_tail_counts
     blocks = policy.blocks(KEYS[:10], 170)  # 2 whole blocks (128 tokens), then 42 tokens
     assert blocks[:2] == [3, 7] and blocks[2] == ("tail", 9, 170)
     assert get_policy("llmd", block_size=128).blocks(KEYS[:3], 3 * 128) == KEYS[:3]  # a coarser engine block
+    assert policy.blocks([], 12) == []  # shorter than an engine block: nothing to tell two such prompts apart by
 
 
 def test_llmd_prefix_is_its_own_routing_history_not_the_index():

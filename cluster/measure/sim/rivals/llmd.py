@@ -21,7 +21,8 @@ ties at random (its max-score picker shuffles the tied).
 Its blocks here are the router's keys at the engine's block size, every ``64 / block_size``-th one (a key chains its
 whole prefix, as its hashes do; an engine block size that does not divide 64 makes its blocks the next multiple).
 The partial last block is keyed by the last whole engine block's key and the prompt's length: two prompts alike up to
-their last engine block and as long are taken as one there, which a real tokenised tail tells apart.
+their last engine block and as long are taken as one there, which a real tokenised tail tells apart. A prompt shorter
+than one engine block has no key to tell it by and no block here (llm-d would hash its one partial block).
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ class LlmdPolicy(Rival):
         last one, at most ``max_blocks``."""
         out: list[Hashable] = list(request_keys[self.stride - 1::self.stride])
         whole = len(out) * self.block_size_tokens
-        if num_prompt_tokens is not None and num_prompt_tokens > whole:
-            out.append(("tail", request_keys[-1] if request_keys else None, num_prompt_tokens))
+        if request_keys and num_prompt_tokens is not None and num_prompt_tokens > whole:
+            out.append(("tail", request_keys[-1], num_prompt_tokens))
         return out[:self.max_blocks]
 
     def scores(self, blocks: Sequence[Hashable], loads: Loads) -> dict[ReplicaId, float]:
