@@ -1,6 +1,7 @@
 """The default's cost while a fleet fills (router/routing/policies/cache_aware_tokens.py): a replica's turnover is
-priced as far as its KV events show it evicting (``ReplicaLoad.evicting``, router/routing/evicting.py) or the fleet
-is busy; with ``filling_backlog_weight`` 1 (an option) queued prefill counts in full while no candidate evicts, so a
+priced whole while any replica works and on an idle fleet as far as its KV events show it evicting
+(``ReplicaLoad.evicting``, router/routing/evicting.py); with ``turnover_while_filling`` off, as far as it evicts or
+the fleet is busy; with ``filling_backlog_weight`` 1 (an option) queued prefill counts in full while no candidate evicts, so a
 prompt's next request goes to its holder unless the holder's queue costs more than recomputing its hit.
 Hand-computed cases; the live one: tests/router/test_first_copy_live.py."""
 
@@ -123,9 +124,18 @@ def test_a_busy_fleet_prices_the_intake_of_a_replica_not_evicting_as_far_as_it_i
     assert off.costs(KEYS, {}, candidates(loads)) == {"busy": 1024.0 + 8, "idle": 1024.0}
 
 
-def test_the_default_prices_turnover_on_every_replica_as_its_published_figures_were_measured():
-    """The default reads every replica as evicting: the idle holder at the churn clamp still sends turn 2 away (the
-    gap ``turnover_while_filling=False`` closes)."""
+def test_the_default_keeps_an_idle_holder_and_prices_turnover_whole_once_any_replica_works():
+    """The default on an idle fleet: neither replica evicts, nothing is queued or running, so each uncached token
+    costs 1 on both and turn 2 stays on its holder. One request running anywhere (here on the other replica) and the
+    turnover counts whole on every replica, evicting or not: the holder at the clamp (2 per uncached token), the other
+    at the floor (1/2, plus 8 for the running request's step). ``idle_turnover`` prices it whole on the idle fleet
+    too."""
     policy = get_policy("cache_aware_tokens", block_size=BS)
-    filling = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
-    assert policy.costs(KEYS, {"holder": 5}, candidates(filling)) == {"holder": 944.0 * 2, "other": 512.0}
+    idle = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
+    assert policy.costs(KEYS, {"holder": 5}, candidates(idle)) == {"holder": 944.0, "other": 1024.0}
+    assert policy.choose(KEYS, TierMatches({"holder": 5}), candidates(idle)).id == "holder"
+    working = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad(in_flight=1)}
+    assert policy.costs(KEYS, {"holder": 5}, candidates(working)) == {"holder": 944.0 * 2, "other": 512.0 + 8}
+    assert policy.choose(KEYS, TierMatches({"holder": 5}), candidates(working)).id == "other"
+    whole = get_policy("cache_aware_tokens", CacheAwareTokensConfig(idle_turnover=True), block_size=BS)
+    assert whole.costs(KEYS, {"holder": 5}, candidates(idle)) == {"holder": 944.0 * 2, "other": 512.0}

@@ -156,8 +156,10 @@ def test_refresh_reruns_a_rival_on_every_stored_seed_and_keeps_the_others(tmp_pa
     seeds = json.loads(out.read_text())["cells"]["chatbot/2x/none"]
     assert "refreshing" not in seeds
     assert all(s["dynamo"]["ttft_mean"] == 0.5 and s[DEFAULT_POLICY] == BASE for s in seeds["seeds"].values())
-    with pytest.raises(SystemExit, match="not the default"):
-        refresh_matrix(out, [DEFAULT_POLICY], niceness=0, timeout_s=10.0, budget_s=None)
+    refresh_matrix(out, [DEFAULT_POLICY], niceness=0, timeout_s=10.0, budget_s=None)  # the default's new rule
+    assert all(s[DEFAULT_POLICY]["ttft_mean"] == 0.5 and s["dynamo"]["ttft_mean"] == 0.5
+               for s in json.loads(out.read_text())["cells"]["chatbot/2x/none"]["seeds"].values())
+    assert ran[-1][ran[-1].index("--policies") + 1] == DEFAULT_POLICY
     refresh_matrix(out, ["llmd"], niceness=0, timeout_s=10.0, budget_s=None)  # a rival the file lacks: added
     done = json.loads(out.read_text())
     assert done["policies"] == [DEFAULT_POLICY, "dynamo", "sglang", "llmd"]

@@ -6,7 +6,7 @@ every other policy's and its TTFT p50 and p99 at most theirs?
     kvmesh bench policy_matrix --jitter 1e-4 --out results/policy_matrix_jitter_up.json   # every arrival 0.01% later
     kvmesh bench policy_matrix --seeds 10 --max-seeds 20     # the verdict over arrival seeds:
     results/policy_verdict.json
-    kvmesh bench policy_matrix --refresh llmd --out results/policy_verdict.json   # a rival's changed formula again
+    kvmesh bench policy_matrix --refresh llmd --out results/policy_verdict.json   # a changed formula again
 
 With ``--seeds N`` each cell runs the whole trace (no miniature) once per arrival seed, N seeds and more while its
 verdict is undecided (support/matrix_seeds.py, support/paired_verdict.py: paired differences default - rival with
@@ -163,9 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-seeds", type=int, default=20, help="with --seeds: most seeds an undecided cell gets")
     ap.add_argument("--policies", default=None, help="with --seeds: the policies compared (default: the headline's)")
     ap.add_argument("--timeout-s", type=float, default=7200.0, help="with --seeds: most seconds of one seed's run")
-    ap.add_argument("--refresh", default=None, metavar="RIVALS",
-                    help="run these rivals (comma-separated) again on every seed --out holds, keeping the others' "
-                         "runs: after their formulas changed")
+    ap.add_argument("--refresh", default=None, metavar="POLICIES",
+                    help="run these policies (comma-separated; rivals or the default) again on every seed --out "
+                         "holds, keeping the others' runs: after their formulas changed")
     ap.add_argument("--policy-kwargs", action="append", default=[], metavar="K=V",
                     help="with --seeds: a knob of the policies compared, each taking the ones it has (kvmesh sim's "
                          "--policy-kwargs; e.g. the default's ghost_weight=1); name another --out")

@@ -12,12 +12,13 @@ For each candidate replica ``r``, in prefill-token units::
 
     turnover(r) = 1 + churn_weight * g(r) * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
                                                          clamped to [1 / churn_clamp, churn_clamp]
-    g(r)        = 1, or with turnover_while_filling off: max(evicting(r), busy)
+    g(r)        = max(evicting(r), busy)
     backlog_w   = backlog_weight + (filling_backlog_weight - backlog_weight) * (1 - mean evicting)
 
 ``evicting(r)``: the share of the blocks ``r`` stored lately that evicted one, from its KV events
-(``ReplicaLoad.evicting``, router/routing/evicting.py): 0 while its cache fills, about 1 once full. ``busy``: the
-share of candidates with requests queued or running (``busy_turnover``; 0 when off).
+(``ReplicaLoad.evicting``, router/routing/evicting.py): 0 while its cache fills, about 1 once full. ``busy``: 1 while
+any candidate has requests queued or running, 0 on an idle fleet (``turnover_while_filling``, the default); with it
+off, the share of candidates with requests queued or running (``busy_turnover``; 0 when off).
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
 replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
@@ -28,7 +29,7 @@ from the tail of its LRU, and a replica that takes in new tokens faster than the
 younger, likelier-reused tail. Steering new work towards slow-turnover replicas makes the
 partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
 evicted from every replica). A replica not evicting evicts nothing by storing a token; its intake is
-priced only as far as the fleet is busy, where spreading it evens the queues: on an idle fleet a
+priced while the fleet is busy, where spreading it evens the queues: on an idle fleet a
 conversation's next turn stays on its holder. ``filling_backlog_weight`` (an option, off) weighs the
 queue apart while the fleet fills, when a copy of a prefix costs no later hit. ``steps`` puts the decode term in time:
 ``decode_weight`` (8) is about

@@ -31,8 +31,11 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
     total = sum(recent.tolist()) if c.churn_weight else 0.0  # summed as _churn_factor sums, in row order
     evicting = cols.evicting[rows]
     if total > 0:
-        busy = 1.0 if c.turnover_while_filling else \
-            np.count_nonzero((backlog != 0) | (decode != 0)) / len(rows) if c.busy_turnover else 0.0
+        working = np.count_nonzero((backlog != 0) | (decode != 0))
+        if c.turnover_while_filling:
+            busy = 1.0 if c.idle_turnover or working else 0.0
+        else:
+            busy = working / len(rows) if c.busy_turnover else 0.0
         g = np.maximum(evicting, busy)
         x = np.clip((len(rows) / total) * recent, 1 / c.churn_clamp, c.churn_clamp)
         cost = np.where((cost != 0) & (g != 0), cost * (1 + c.churn_weight * g * (x - 1)), cost)

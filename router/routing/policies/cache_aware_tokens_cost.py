@@ -106,11 +106,14 @@ class TokensCost(Policy):
         return wb + (fill - wb) * (1 - sum(map(_EVICTING, candidates)) / len(candidates))
 
     def _busy(self, candidates: Candidates) -> float:
-        """With ``busy_turnover``, the share of candidates with requests queued or running (0: off; 1 with
-        ``turnover_while_filling``, so every replica's turnover counts whole)."""
-        if self.config.turnover_while_filling:
-            return 1.0
-        if not self.config.busy_turnover:
+        """How far turnover counts on a replica not evicting. With ``turnover_while_filling``: 1 while any candidate
+        has requests queued or running (or with ``idle_turnover``), else 0. Without it, with ``busy_turnover``, the
+        share of candidates with requests queued or running (0: off)."""
+        c = self.config
+        if c.turnover_while_filling:
+            return 1.0 if c.idle_turnover or any(r.load.prefill_backlog or r.load.decode_load
+                                                 for r in candidates) else 0.0
+        if not c.busy_turnover:
             return 0.0
         return sum(1 for r in candidates if r.load.prefill_backlog or r.load.decode_load) / len(candidates)
 

@@ -3,8 +3,9 @@
 ``paired_verdict`` per cell, with more seeds (up to ``--max-seeds``) while a cell is undecided.
 
 Each seed's per-policy figures are written to the results file as it finishes (the runs resume); the verdict is
-recomputed from them by ``kvmesh bench report`` (its ``verdict`` kind, ``table``). When a rival's formula changes,
-``refresh_matrix`` runs that rival again on the seeds stored (``--refresh``) and keeps the others' runs.
+recomputed from them by ``kvmesh bench report`` (its ``verdict`` kind, ``table``). When a policy's formula changes
+(a rival's or the default's), ``refresh_matrix`` runs it again on the seeds stored (``--refresh``) and keeps the
+others' runs.
 """
 
 from __future__ import annotations
@@ -176,13 +177,13 @@ def refresh_command(cell: dict, seed: str, policies: list[str]) -> list[str]:
 
 def refresh_matrix(out: Path, policies: list[str], *, niceness: int, timeout_s: float,
                    budget_s: float | None) -> None:
-    """Run ``policies`` (rivals, not the default) again on every seed ``out`` holds and put their figures in place of
+    """Run ``policies`` (the default or rivals) again on every seed ``out`` holds and put their figures in place of
     the stored ones, or beside them for a rival the file does not compare yet: for formulas that changed, when the
     others' runs (deterministic given the seed) stay valid. Each cell marks the seeds done (``refreshing``) until
     every cell is, so a bounded run resumes; ``run_matrix`` refuses a file mid-refresh."""
     data = json.loads(out.read_text())
-    if not policies or data["default"] in policies:
-        raise SystemExit(f"--refresh names rivals to run again, not the default ({data['default']})")
+    if not policies or not all(policies):
+        raise SystemExit("--refresh names the policies to run again, comma-separated")
     t0 = time.perf_counter()
     for key, cell in data["cells"].items():
         marker = cell.setdefault("refreshing", {"policies": policies, "seeds": []})
