@@ -1,8 +1,8 @@
 """The default's cost while a fleet fills (router/routing/policies/cache_aware_tokens.py): a replica's turnover is
-priced whole while any replica works and on an idle fleet as far as its KV events show it evicting
+priced whole while any replica works, on an idle fleet as far as its KV events show it evicting
 (``ReplicaLoad.evicting``, router/routing/evicting.py); with ``turnover_while_filling`` off, as far as it evicts or
-the fleet is busy; with ``filling_backlog_weight`` 1 (an option) queued prefill counts in full while no candidate evicts, so a
-prompt's next request goes to its holder unless the holder's queue costs more than recomputing its hit.
+the fleet is busy; with ``filling_backlog_weight`` 1 (an option) queued prefill counts in full while no candidate
+evicts, so a prompt's next request goes to its holder unless the holder's queue costs more than recomputing its hit.
 Hand-computed cases; the live one: tests/router/test_first_copy_live.py."""
 
 from __future__ import annotations
