@@ -80,9 +80,9 @@ def test_spreading_over_routers_keeps_the_hit_rate_of_one(run):
 
 def assert_diverted_by_cost_only(missed: list[dict]) -> None:
     """Every turn not computed on the replica holding the turn before was answered, and sent elsewhere by the
-    policy's cost (``load``), its router knowing the holder: the default's turnover term can price an idle holder
-    above another idle replica after its router's last prompts leaned there (``turnover_while_filling``), a choice of
-    the policy; nothing was lost from the index."""
+    policy's cost (``load``), its router knowing the holder: while any replica works, the default's turnover term can
+    price the holder above another replica after its router's last prompts leaned there (``turnover_while_filling``),
+    a choice of the policy; nothing was lost from the index."""
     for miss in missed:
         receipt = miss["receipt"] or {}
         assert miss["status"] == 200 and receipt.get("x-kvmesh-route-reason") == "load", miss

@@ -1,10 +1,9 @@
-"""A conversation's next turn on its KV, live: the default policy with turnover priced as far as a replica evicts
-(``turnover_while_filling=false``: an option until every published figure is re-run with it) before two idle
-stories260K replicas (events and replay given, as the guides start them), a three-turn conversation with 2 s between
-turns, through ``/v1/chat/completions`` and through ``/v1/responses`` continued by ``previous_response_id``. Turns 2 and
-3 go to the
-replica holding the conversation and report its earlier turns cached: nothing is being evicted, so the holder's
-uncached tokens cost what another replica's do, and its empty queue costs nothing.
+"""A conversation's next turn on its KV, live: the default policy before two idle stories260K replicas (events and
+replay given, as the guides start them), a three-turn conversation with 2 s between turns, through
+``/v1/chat/completions`` and through ``/v1/responses`` continued by ``previous_response_id``. Turns 2 and 3 go to the
+replica holding the conversation and report its earlier turns cached: no replica has requests queued or running and
+none is evicting, so the holder's uncached tokens cost what another replica's do (no turnover term on an idle fleet),
+and its empty queue costs nothing.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ TURNS = ("Once upon a time, there was a little girl named Lily. She loved to pla
 
 @pytest.fixture
 def fleet(stories_path, tokenizer):
-    """A router (the default policy, turnover gated) before two fresh replicas: no turnover carried over from another
-    test."""
+    """A router (the default policy) before two fresh replicas: no turnover carried over from another test."""
     from kvmesh.kvcache.hashing import cache_salt_secret, generate_seed
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
@@ -53,7 +51,6 @@ def fleet(stories_path, tokenizer):
         router = RouterServer(RouterConfig(port=0, block_size=BLOCK_SIZE, admin_key=ADMIN_KEY,
                                            served_model_name="stories",
                                            upstream=UpstreamConfig(poll_interval_s=0.2),
-                                           policy_kwargs={"turnover_while_filling": False},
                                            cache_salt_secret=cache_salt_secret(seed)), specs,
                               tokenizer=tokenizer).start()
         try:

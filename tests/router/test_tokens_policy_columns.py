@@ -1,7 +1,8 @@
 """``cache_aware_tokens`` (the default) prices its candidates in one numpy pass over the load columns when the
 router hands it ``CandidateLoads``: its choices equal the one-by-one loop's over a plain dict, on randomized fleets
 (queued and pending prefill, other router workers' in-flight requests, churn, caches filling, full or between,
-backlogs past the release point, identical replicas that tie, idle replicas), and its costs are ``costs()``'s."""
+backlogs past the release point, identical replicas that tie, idle replicas and idle fleets), and its costs are
+``costs()``'s."""
 
 from __future__ import annotations
 
@@ -29,15 +30,21 @@ def _config(rng: random.Random) -> CacheAwareTokensConfig:
     return CacheAwareTokensConfig(churn_weight=rng.choice((0.0, 1.0, 0.3)), churn_clamp=rng.choice((1.0, 2.0, 4.0)),
                                   filling_backlog_weight=rng.choice((1.0, 0.15, 0.5)),
                                   backlog_release_tokens=rng.choice((math.inf, 100.0, 0.0)),
-                                  decode_step_tokens=rng.choice((8192, 48, 7.5)))
+                                  decode_step_tokens=rng.choice((8192, 48, 7.5)),
+                                  turnover_while_filling=rng.random() < 0.7, idle_turnover=rng.random() < 0.3,
+                                  busy_turnover=rng.random() < 0.7)
 
 
 def _idle(router, rng: random.Random) -> None:
-    """Some replicas with nothing at all: no backlog, no requests, no churn (ties among them)."""
-    for load in rng.sample(list(router.loads.loads.values()), len(router.loads.loads) // 4):
+    """Some replicas with nothing at all: no backlog, no requests, no churn (ties among them); in some fleets every
+    replica idle with its churn kept (turnover then counts only as far as a replica evicts)."""
+    loads = list(router.loads.loads.values())
+    whole = rng.random() < 0.2
+    for load in loads if whole else rng.sample(loads, len(loads) // 4):
         load.in_flight = load.num_running = load.num_waiting = load.peer_in_flight = 0
         load.pending_prefill_tokens = load.queued_prefill_tokens = 0
-        load.recent_prefill = 0.0
+        if not whole:
+            load.recent_prefill = 0.0
 
 
 def _evicting(router, rng: random.Random) -> None:

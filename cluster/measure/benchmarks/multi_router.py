@@ -17,9 +17,10 @@ blocks:
   their hit rates are the trials' mean);
 - ``sessions``: conversations whose next turn reaches another router than the first: did that router's index know
   the replica that holds the first turn (its route receipt's best hit), and was the turn computed there? The two
-  differ by the policy alone: the default's turnover term prices an uncached token by how much of this router's
-  prefill each replica took lately, evicting or not (``CacheAwareTokensConfig.turnover_while_filling``), so on two
-  idle replicas a router whose last prompts leaned to the holder can send the next turn to the other. Each turn not
+  differ by the policy alone: while any replica has requests queued or running, the default's turnover term prices an
+  uncached token by how much of this router's prefill each replica took lately, evicting or not
+  (``CacheAwareTokensConfig.turnover_while_filling``), so a router whose last prompts leaned to the holder can send
+  the next turn to the other. Each turn not
   computed on its holder is kept with both turns' route receipts;
 - a drain sent to a placed router (answered by serve, the owner of the replica set: a 421 naming it);
 - ``responses``: a stored Responses conversation (support/responses_talk.py), turn 1 through router 1, turn 2 by
