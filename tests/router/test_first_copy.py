@@ -125,11 +125,11 @@ def test_a_busy_fleet_prices_the_intake_of_a_replica_not_evicting_as_far_as_it_i
 
 
 def test_the_default_keeps_an_idle_holder_and_prices_turnover_whole_once_any_replica_works():
-    """The default on an idle fleet: neither replica evicts, nothing is queued or running, so each uncached token
-    costs 1 on both and turn 2 stays on its holder. One request running anywhere (here on the other replica) and the
-    turnover counts whole on every replica, evicting or not: the holder at the clamp (2 per uncached token), the other
-    at the floor (1/2, plus 8 for the running request's step). ``idle_turnover`` prices it whole on the idle fleet
-    too."""
+    """The default on an idle fleet, the prompt held by one replica: neither replica evicts, nothing is queued or
+    running, so each uncached token costs 1 on both and turn 2 stays on its holder. One request running anywhere
+    (here on the other replica) and the turnover counts whole on every replica, evicting or not: the holder at the
+    clamp (2 per uncached token), the other at the floor (1/2, plus 8 for the running request's step).
+    ``idle_turnover`` prices it whole on the idle fleet too."""
     policy = get_policy("cache_aware_tokens", block_size=BS)
     idle = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
     assert policy.costs(KEYS, {"holder": 5}, candidates(idle)) == {"holder": 944.0, "other": 1024.0}
@@ -139,3 +139,12 @@ def test_the_default_keeps_an_idle_holder_and_prices_turnover_whole_once_any_rep
     assert policy.choose(KEYS, TierMatches({"holder": 5}), candidates(working)).id == "other"
     whole = get_policy("cache_aware_tokens", CacheAwareTokensConfig(idle_turnover=True), block_size=BS)
     assert whole.costs(KEYS, {"holder": 5}, candidates(idle)) == {"holder": 944.0 * 2, "other": 512.0}
+
+
+def test_on_an_idle_fleet_a_prompt_no_replica_holds_still_goes_where_intake_is_lowest():
+    """No candidate holds a block of the prompt: nothing to keep, and the turnover term still spreads the intake (2 per
+    token on the replica that took the last prompt, 1/2 on the other), as it does on a working fleet."""
+    policy = get_policy("cache_aware_tokens", block_size=BS)
+    idle = {"holder": ReplicaLoad(recent_prefill=1024.0), "other": ReplicaLoad()}
+    assert policy.costs(KEYS, {}, candidates(idle)) == {"holder": 1024.0 * 2, "other": 512.0}
+    assert policy.choose(KEYS, TierMatches({}), candidates(idle)).id == "other"

@@ -17,8 +17,9 @@ For each candidate replica ``r``, in prefill-token units::
 
 ``evicting(r)``: the share of the blocks ``r`` stored lately that evicted one, from its KV events
 (``ReplicaLoad.evicting``, router/routing/evicting.py): 0 while its cache fills, about 1 once full. ``busy``: 1 while
-any candidate has requests queued or running, 0 on an idle fleet (``turnover_while_filling``, the default); with it
-off, the share of candidates with requests queued or running (``busy_turnover``; 0 when off).
+any candidate has requests queued or running or no replica holds a block of the prompt, 0 on an idle fleet for a
+prompt some replica holds (``turnover_while_filling``, the default); with it off, the share of candidates with
+requests queued or running (``busy_turnover``; 0 when off).
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
 replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
@@ -172,7 +173,8 @@ class CacheAwareTokensPolicy(TokensCost):
         inlined."""
         c = self.config
         bs, w, wb, get = self.block_size, c.decode_weight, self._backlog_weight(candidates), matches.get
-        churn, release, busy = self._churn_factor(candidates), c.backlog_release_tokens, self._busy(candidates)
+        churn, release = self._churn_factor(candidates), c.backlog_release_tokens
+        busy = self._busy(candidates, matches)
         cw, hi = c.churn_weight, c.churn_clamp
         lo, step = 1 / hi, c.decode_step_tokens
         best_cost, best_uncached, costs = math.inf, 0.0, []

@@ -33,7 +33,7 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
     if total > 0:
         working = np.count_nonzero((backlog != 0) | (decode != 0))
         if c.turnover_while_filling:
-            busy = 1.0 if c.idle_turnover or working else 0.0
+            busy = 1.0 if c.idle_turnover or working or not any(matches.values()) else 0.0
         else:
             busy = working / len(rows) if c.busy_turnover else 0.0
         g = np.maximum(evicting, busy)

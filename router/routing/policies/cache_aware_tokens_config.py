@@ -46,15 +46,16 @@ class CacheAwareTokensConfig(PolicyConfig):
     0 while its cache fills, where a token stored evicts nothing)."""
     turnover_while_filling: bool = True
     """Price turnover on every replica, evicting or not (``evicting`` read as 1), while any candidate has requests
-    queued or running; on an idle fleet only as far as the replica evicts (``idle_turnover``), so a conversation's
-    next turn stays on its holder. False: as far as the replica evicts or the fleet is busy (``busy_turnover``); it
-    holds the Mooncake headline but fails the chatbot cell at 2x on mean TTFT against ``dynamo``
-    (docs/benchmarks/routing-against-peers.md)."""
+    queued or running or no replica holds a block of the prompt; on an idle fleet, for a prompt some replica holds,
+    only as far as the replica evicts (``idle_turnover``), so a conversation's next turn stays on its holder. False:
+    as far as the replica evicts or the fleet is busy (``busy_turnover``); it holds the Mooncake headline but fails
+    the chatbot cell at 2x on mean TTFT against ``dynamo`` (docs/benchmarks/routing-against-peers.md)."""
     idle_turnover: bool = False
     """With ``turnover_while_filling``, price turnover whole on an idle fleet too (no candidate with requests queued
     or running): the idle holder of a conversation then costs more than an idle replica that took in less, and its
-    next turn is computed again elsewhere. False: on an idle fleet spreading intake shortens no queue, and a token
-    stored where nothing is evicted pushes nothing out."""
+    next turn is computed again elsewhere. False: a token stored where nothing is evicted pushes nothing out, so on an
+    idle fleet a prompt some replica holds goes by its hit; a prompt nobody holds still goes where intake is lowest
+    (it keeps the next requests' load even)."""
     busy_turnover: bool = True
     """Price turnover on a replica not evicting too, as far as the fleet is busy (the share of candidates with
     requests queued or running): spreading intake then evens the queues. On an idle fleet it would only copy a

@@ -35,7 +35,8 @@ class TokensCost(Policy):
         """Cost of every candidate, by its id (for metrics and tests; ``pullable``: ``TierMatches.pullable``)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, get = self.block_size, self.config.decode_weight, matches.get
-        churn, wb, busy = self._churn_factor(candidates), self._backlog_weight(candidates), self._busy(candidates)
+        churn, wb = self._churn_factor(candidates), self._backlog_weight(candidates)
+        busy = self._busy(candidates, matches)
         if self._prices_stored(candidates):
             return self._stored_costs(prompt, matches, candidates, churn, wb, busy, pullable)
         out = {}
@@ -105,14 +106,15 @@ class TokensCost(Policy):
             return wb
         return wb + (fill - wb) * (1 - sum(map(_EVICTING, candidates)) / len(candidates))
 
-    def _busy(self, candidates: Candidates) -> float:
+    def _busy(self, candidates: Candidates, matches: Matches) -> float:
         """How far turnover counts on a replica not evicting. With ``turnover_while_filling``: 1 while any candidate
-        has requests queued or running (or with ``idle_turnover``), else 0. Without it, with ``busy_turnover``, the
-        share of candidates with requests queued or running (0: off)."""
+        has requests queued or running, or where no candidate holds a block of the prompt (``matches``), or with
+        ``idle_turnover``; else 0. Without it, with ``busy_turnover``, the share of candidates with requests queued or
+        running (0: off)."""
         c = self.config
         if c.turnover_while_filling:
-            return 1.0 if c.idle_turnover or any(r.load.prefill_backlog or r.load.decode_load
-                                                 for r in candidates) else 0.0
+            return 1.0 if c.idle_turnover or not any(matches.values()) or any(
+                r.load.prefill_backlog or r.load.decode_load for r in candidates) else 0.0
         if not c.busy_turnover:
             return 0.0
         return sum(1 for r in candidates if r.load.prefill_backlog or r.load.decode_load) / len(candidates)
