@@ -25,6 +25,11 @@ _RECENT_PREFILL = attrgetter("load.recent_prefill")
 _EVICTING = attrgetter("load.evicting")
 
 
+def _has_work(replica) -> bool:
+    """Whether a candidate has requests queued or running."""
+    return bool(replica.load.prefill_backlog or replica.load.decode_load)
+
+
 class TokensCost(Policy):
     """The cost terms of ``cache_aware_tokens`` over its candidates."""
 
@@ -113,11 +118,10 @@ class TokensCost(Policy):
         running (0: off)."""
         c = self.config
         if c.turnover_while_filling:
-            return 1.0 if c.idle_turnover or not any(matches.values()) or any(
-                r.load.prefill_backlog or r.load.decode_load for r in candidates) else 0.0
+            return 1.0 if c.idle_turnover or not any(matches.values()) or any(map(_has_work, candidates)) else 0.0
         if not c.busy_turnover:
             return 0.0
-        return sum(1 for r in candidates if r.load.prefill_backlog or r.load.decode_load) / len(candidates)
+        return sum(map(_has_work, candidates)) / len(candidates)
 
     def _churn_factor(self, candidates: Candidates) -> float:
         """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
