@@ -189,3 +189,63 @@ def test_a_cell_without_a_rival_the_others_compare_says_so_and_is_counted_apart(
     assert lines[-1] == ("0 cells pass, 1 fail, 0 undecided (of 1 with their seeds and every peer's formula); without "
                          "sglang, whose formulas are not yet run again on them: 1 pass, 0 fail, 0 undecided (of 1); "
                          "every cell of the matrix has run its seeds.")
+
+
+def test_a_variant_runs_the_default_with_its_knob_on_the_stored_seeds_beside_the_stored_rivals(tmp_path, monkeypatch):
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import variant_matrix
+
+    source, out = tmp_path / "verdict.json", tmp_path / "variants" / "clamp.json"
+    cell = _cell([1.2, 1.2, 1.2, 1.2]) | {"command": "kvmesh sim --workload chatbot --time-scale 0.5 --arrival-seed K "
+                                                     "--policies cache_aware_tokens,dynamo --no-plot"}
+    source.write_text(json.dumps({"default": DEFAULT_POLICY, "policies": [DEFAULT_POLICY, "dynamo"],
+                                  "cells": {"chatbot/2x/none": cell, "chatbot/3x/none": cell}}))
+    ran = []
+
+    def fake_seed(args, niceness, timeout_s):
+        ran.append(args)
+        if len(ran) == 2:
+            raise KeyboardInterrupt  # stopped mid-way: resumed at the next seed
+        return {DEFAULT_POLICY: BASE | {"ttft_mean": 1.5}}, 2.0
+
+    monkeypatch.setattr(matrix_seeds, "run_seed", fake_seed)
+    with pytest.raises(SystemExit, match="--policy-kwargs"):
+        variant_matrix(source, out, ["chatbot/2x/none"], [], seeds=None, niceness=0, timeout_s=1.0, budget_s=None)
+    with pytest.raises(SystemExit, match="no cell chatbot/1x/none"):
+        variant_matrix(source, out, ["chatbot/1x/none"], ["churn_clamp=4"], seeds=None, niceness=0, timeout_s=1.0,
+                       budget_s=None)
+    with pytest.raises(KeyboardInterrupt):
+        variant_matrix(source, out, ["chatbot/2x/none"], ["churn_clamp=4"], seeds=3, niceness=0, timeout_s=1.0,
+                       budget_s=None)
+    variant_matrix(source, out, ["chatbot/2x/none"], ["churn_clamp=4"], seeds=3, niceness=0, timeout_s=1.0,
+                   budget_s=None)
+    assert ran[0] == ["sim", "--workload", "chatbot", "--time-scale", "0.5", "--arrival-seed", "0", "--policies",
+                      DEFAULT_POLICY, "--no-plot", "--policy-kwargs", "churn_clamp=4"]
+    assert [a[a.index("--arrival-seed") + 1] for a in ran] == ["0", "1", "1", "2"]  # the first 3 stored seeds
+    data = json.loads(out.read_text())
+    assert list(data["cells"]) == ["chatbot/2x/none"] and list(data["cells"]["chatbot/2x/none"]["seeds"]) == [
+        "0", "1", "2"]
+    assert all(s[DEFAULT_POLICY]["ttft_mean"] == 1.5 and s["dynamo"]["ttft_mean"] == 1.2
+               for s in data["cells"]["chatbot/2x/none"]["seeds"].values())
+    assert data["cells"]["chatbot/2x/none"]["wall_s"] == {"0": 2.0, "1": 2.0, "2": 2.0}
+    assert json.loads(source.read_text())["cells"]["chatbot/2x/none"] == cell  # the source untouched
+    variant_matrix(source, out, ["chatbot/2x/none"], ["churn_clamp=4"], seeds=3, niceness=0, timeout_s=1.0,
+                   budget_s=None)
+    assert len(ran) == 4  # finished: nothing run again
+    lines = table(data, 72).splitlines()
+    assert lines[2].startswith("| chatbot/2x/none | 3 (0 min) | fail | **dynamo TTFT mean")
+    assert lines[-1] == (f"0 cells pass, 1 fail, 0 undecided (of 1 with their seeds); the default with churn_clamp=4, "
+                         f"on the seeds of {source}.")
+
+
+def test_the_variant_flags_reach_the_runner(tmp_path, monkeypatch):
+    from kvmesh.cluster.measure.benchmarks.support import matrix_seeds as ms
+
+    seen = {}
+    monkeypatch.setattr(ms, "variant_matrix", lambda source, out, keys, knobs, **kw: seen.update(
+        source=source, out=out, keys=keys, knobs=knobs, **kw))
+    policy_matrix.main(["--variant-of", "v.json", "--workloads", "chatbot,tool_agent", "--rates", "2x", "--kv", "none",
+                        "--policy-kwargs", "churn_clamp=4", "--seeds", "4", "--out", str(tmp_path / "o.json")])
+    assert seen["keys"] == ["chatbot/2x/none", "tool_agent/2x/none"] and seen["knobs"] == ["churn_clamp=4"]
+    assert seen["seeds"] == 4 and str(seen["source"]) == "v.json"
+    with pytest.raises(SystemExit, match="name it with --out"):
+        policy_matrix.main(["--variant-of", "v.json", "--policy-kwargs", "churn_clamp=4"])

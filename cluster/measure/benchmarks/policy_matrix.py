@@ -7,6 +7,8 @@ every other policy's and its TTFT p50 and p99 at most theirs?
     kvmesh bench policy_matrix --seeds 10 --max-seeds 20     # the verdict over arrival seeds:
     results/policy_verdict.json
     kvmesh bench policy_matrix --refresh llmd --out results/policy_verdict.json   # a changed formula again
+    kvmesh bench policy_matrix --variant-of results/policy_verdict.json --workloads chatbot --rates 2x --kv none \
+        --policy-kwargs churn_clamp=4 --out results/policy_variants/churn_clamp4.json   # a knob on stored seeds
 
 With ``--seeds N`` each cell runs the whole trace (no miniature) once per arrival seed, N seeds and more while its
 verdict is undecided (support/matrix_seeds.py, support/paired_verdict.py: paired differences default - rival with
@@ -169,7 +171,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy-kwargs", action="append", default=[], metavar="K=V",
                     help="with --seeds: a knob of the policies compared, each taking the ones it has (kvmesh sim's "
                          "--policy-kwargs; e.g. the default's ghost_weight=1); name another --out")
+    ap.add_argument("--variant-of", default=None, metavar="FILE",
+                    help="run the default with --policy-kwargs on the seeds FILE (a --seeds results file) stores for "
+                         "the cells --workloads, --rates and --kv name (with --seeds N: the first N), beside FILE's "
+                         "rivals, into --out")
     args = ap.parse_args(argv)
+    if args.variant_of is not None:
+        from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import variant_matrix
+
+        if args.out == "results/policy_matrix.json":
+            raise SystemExit("--variant-of writes a file of its own: name it with --out")
+        keys = [f"{w}/{rate}/{kv}" for rate in args.rates.split(",") for kv in args.kv.split(",")
+                for w in args.workloads.split(",")]
+        return variant_matrix(Path(args.variant_of), Path(args.out), keys, args.policy_kwargs, seeds=args.seeds,
+                              niceness=args.nice, timeout_s=args.timeout_s, budget_s=args.budget_s)
     if args.refresh is not None:
         from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import refresh_matrix
 

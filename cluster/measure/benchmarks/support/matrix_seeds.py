@@ -1,6 +1,7 @@
 """The policy matrix over arrival seeds (``kvmesh bench policy_matrix --seeds N``): per cell, one whole-trace
 ``kvmesh sim --arrival-seed K`` run per seed over the default, the peers' formulas and the baselines; the verdict of
-``paired_verdict`` per cell, with more seeds (up to ``--max-seeds``) while a cell is undecided.
+``paired_verdict`` per cell, with more seeds (up to ``--max-seeds``) while a cell is undecided. A variant of the default
+(``variant_matrix``: a knob set) is judged on a verdict file's stored seeds against the same stored rivals.
 
 Each seed's per-policy figures are written to the results file as it finishes (the runs resume); the verdict is
 recomputed from them by ``kvmesh bench report`` (its ``verdict`` kind, ``table``). When a policy's formula changes
@@ -97,7 +98,8 @@ def table(data: dict, matrix_size: int) -> str:
     """A row per cell run: its seeds, its verdict (below ``min_seeds``: the verdict its seeds so far give, not
     counted), the pairs that fail or straddle with their intervals, and the peers' formulas it beats on a primary
     metric; then the count (of the ``matrix_size`` cells of the whole matrix). A cell without some of the peers the
-    other cells compare (a rival being run again on new formulas) says which, and is counted apart."""
+    other cells compare (a rival being run again on new formulas) says which, and is counted apart. A variant's file
+    (``variant_matrix``) says its knob in place of the matrix's count."""
     default, by_name = data["default"], {m.name: m for m in METRICS}
     out = ["| cell | seeds | verdict | rivals better beyond the margin, or straddling it (default - rival, 95% "
            "interval) "
@@ -130,6 +132,8 @@ def table(data: dict, matrix_size: int) -> str:
     run, apart = sum(counts.values()), sum(partial.values())
     left = (f"{matrix_size - run - apart} of the matrix's {matrix_size} cells have no verdict yet ({running} of "
             "them running)." if run + apart < matrix_size else "every cell of the matrix has run its seeds.")
+    if "variant_of" in data:  # variant_matrix: a knob's cells, not the matrix
+        left = f"the default with {' '.join(data['policy_kwargs'])}, on the seeds of {data['variant_of']}."
     line = f"{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided (of {run} with their seeds"
     if apart:
         names = ", ".join(p for p in compared if p in lacking)
@@ -197,6 +201,7 @@ def refresh_matrix(out: Path, policies: list[str], *, niceness: int, timeout_s: 
                 return
             figures, wall = run_seed(refresh_command(cell, seed, policies), niceness, timeout_s)
             cell["seeds"][seed] |= figures
+            cell["wall_s"][seed] = round(cell["wall_s"].get(seed, 0.0) + wall, 1)
             marker["seeds"].append(seed)
             print(f"{key} seed {seed}: {', '.join(policies)} again in {wall:.0f} s", flush=True)
             out.write_text(json.dumps(data, indent=1) + "\n")
@@ -206,6 +211,37 @@ def refresh_matrix(out: Path, policies: list[str], *, niceness: int, timeout_s: 
         cell["command"] = with_policies(cell["command"], data["policies"])
     out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{out}: {', '.join(policies)} refreshed on every seed", flush=True)
+
+
+def variant_matrix(source: Path, out: Path, keys: list[str], knobs: list[str], *, seeds: int | None, niceness: int,
+                   timeout_s: float, budget_s: float | None) -> None:
+    """The default with ``knobs`` (``K=V`` each, ``kvmesh sim --policy-kwargs``) run on the stored seeds of
+    ``source``'s cells ``keys`` (the first ``seeds`` of each; None: all) and written to ``out`` beside the rivals'
+    stored runs of those seeds, so ``kvmesh bench report`` judges the variant as the verdict judges the default. The
+    minutes of a seed are the variant's run. Resumes; a finished ``out`` is left as it is."""
+    if not out.exists():
+        if not knobs:
+            raise SystemExit("--variant-of runs the default with a knob: give --policy-kwargs K=V")
+        src = json.loads(source.read_text())
+        if busy := [k for k in keys if "refreshing" in src["cells"].get(k, {})]:
+            raise SystemExit(f"{source} is mid-refresh in {', '.join(busy)}: finish it (--refresh) first")
+        if missing := [k for k in keys if k not in src["cells"]]:
+            raise SystemExit(f"{source} has no cell {', '.join(missing)} (it has {', '.join(src['cells'])})")
+        flags = "".join(f" --policy-kwargs {shlex.quote(kv)}" for kv in knobs)
+        cells = {}
+        for key in keys:
+            kept = sorted(src["cells"][key]["seeds"], key=int)[:seeds]
+            cells[key] = {"seeds": {k: src["cells"][key]["seeds"][k] for k in kept}, "wall_s": {},
+                          "command": src["cells"][key]["command"] + flags,
+                          "refreshing": {"policies": [src["default"]], "seeds": []}}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"default": src["default"], "policies": src["policies"], "variant_of": str(source),
+                                   "policy_kwargs": knobs, "cells": cells}, indent=1) + "\n")
+    data = json.loads(out.read_text())
+    if not any("refreshing" in c for c in data["cells"].values()):
+        print(f"{out}: every seed has run with {' '.join(data['policy_kwargs'])}", flush=True)
+        return
+    refresh_matrix(out, [data["default"]], niceness=niceness, timeout_s=timeout_s, budget_s=budget_s)
 
 
 def with_policies(command: str, policies: list[str]) -> str:
