@@ -210,6 +210,9 @@ def test_a_variant_runs_the_default_with_its_knob_on_the_stored_seeds_beside_the
     monkeypatch.setattr(matrix_seeds, "run_seed", fake_seed)
     with pytest.raises(SystemExit, match="--policy-kwargs"):
         variant_matrix(source, out, ["chatbot/2x/none"], [], seeds=None, niceness=0, timeout_s=1.0, budget_s=None)
+    with pytest.raises(SystemExit, match="at least 2"):
+        variant_matrix(source, out, ["chatbot/2x/none"], ["churn_clamp=4"], seeds=1, niceness=0, timeout_s=1.0,
+                       budget_s=None)
     with pytest.raises(SystemExit, match="no cell chatbot/1x/none"):
         variant_matrix(source, out, ["chatbot/1x/none"], ["churn_clamp=4"], seeds=None, niceness=0, timeout_s=1.0,
                        budget_s=None)

@@ -184,7 +184,8 @@ def refresh_matrix(out: Path, policies: list[str], *, niceness: int, timeout_s: 
     """Run ``policies`` (the default or rivals) again on every seed ``out`` holds and put their figures in place of
     the stored ones, or beside them for a rival the file does not compare yet: for formulas that changed, when the
     others' runs (deterministic given the seed) stay valid. Each cell marks the seeds done (``refreshing``) until
-    every cell is, so a bounded run resumes; ``run_matrix`` refuses a file mid-refresh."""
+    every cell is, so a bounded run resumes; ``run_matrix`` refuses a file mid-refresh. A seed's minutes (``wall_s``)
+    add the run."""
     data = json.loads(out.read_text())
     if not policies or not all(policies):
         raise SystemExit("--refresh names the policies to run again, comma-separated")
@@ -222,6 +223,8 @@ def variant_matrix(source: Path, out: Path, keys: list[str], knobs: list[str], *
     if not out.exists():
         if not knobs:
             raise SystemExit("--variant-of runs the default with a knob: give --policy-kwargs K=V")
+        if seeds is not None and seeds < 2:
+            raise SystemExit(f"--seeds with --variant-of takes the first N stored seeds, at least 2; got {seeds}")
         src = json.loads(source.read_text())
         if busy := [k for k in keys if "refreshing" in src["cells"].get(k, {})]:
             raise SystemExit(f"{source} is mid-refresh in {', '.join(busy)}: finish it (--refresh) first")
