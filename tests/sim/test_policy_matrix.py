@@ -65,3 +65,24 @@ def test_the_sensitivity_table_counts_a_cell_that_flips_between_runs_as_met_in_s
     assert lines[5] == "| met in every run / in none / in some only | 1 / 0 / 1 |"
     rival = next(line for line in lines if line.startswith(f"| {RIVAL} |"))
     assert rival == f"| {RIVAL} | 0.0% / 0% | 50.0% / 100% |"  # p99: 0.5 -> 1.0 in one cell, unmoved in the other
+
+
+def test_a_screen_refresh_runs_one_policy_again_in_every_cell_and_keeps_the_others(tmp_path):
+    """A real cell on a small cut: the refreshed policy's figures are what a fresh run gives it, the other policies'
+    are kept as stored, the cell's shortfalls are recomputed, and a finished refresh leaves no marker."""
+    out = tmp_path / "screen.json"
+    small = ["--limit", "120"]
+    cell = policy_matrix.run_cell("mooncake", 1.0, small, 4, 8, niceness=0)
+    fresh = cell["policies"][DEFAULT_POLICY]
+    cell["policies"][DEFAULT_POLICY] = _figures(0.0, 9.0, 9.0)  # a stale formula's figures
+    cell["policies"][RIVAL] = stored = _figures(0.5, 0.01, 0.02)
+    cell["short"] = {}
+    out.write_text(json.dumps({"default": DEFAULT_POLICY, "miniature": 8, "jitter": 0.0,
+                               "cells": {"mooncake/1x/none": cell}}))
+    policy_matrix.main(["--refresh", DEFAULT_POLICY, "--out", str(out), "--nice", "0"])
+    done = json.loads(out.read_text())["cells"]["mooncake/1x/none"]
+    assert done["policies"][DEFAULT_POLICY] == fresh
+    assert done["policies"][RIVAL] == stored
+    assert done["short"] == json.loads(json.dumps(policy_matrix.dominance(done["policies"])))  # as JSON stores it
+    assert set(done["short"]) == {"hit_rate", "ttft_p50", "ttft_p99"}
+    assert "refreshed" not in done and done["wall_s"] > cell["wall_s"]

@@ -7,6 +7,7 @@ every other policy's and its TTFT p50 and p99 at most theirs?
     kvmesh bench policy_matrix --seeds 10 --max-seeds 20     # the verdict over arrival seeds:
     results/policy_verdict.json
     kvmesh bench policy_matrix --refresh llmd --out results/policy_verdict.json   # a changed formula again
+    kvmesh bench policy_matrix --refresh cache_aware_tokens --out results/policy_matrix_jitter_up.json   # a screen
     kvmesh bench policy_matrix --variant-of results/policy_verdict.json --workloads chatbot --rates 2x --kv none \
         --policy-kwargs churn_clamp=4 --out results/policy_variants/churn_clamp4.json   # a knob on stored seeds
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -148,9 +150,45 @@ def run_cell(workload: str, time_scale: float, kv_flags: list[str], replicas: in
             "command": " ".join(["kvmesh", *cmd[cmd.index("sim"):cmd.index("--out")], *kv_flags])}
 
 
+def refresh_screen(out: Path, policies: list[str], niceness: int, budget_s: float | None = None) -> None:
+    """Run ``policies`` again in every cell of the screen ``out`` (its recorded command, those policies only) and put
+    their figures in place of the stored ones, the cell's shortfalls recomputed: after their formulas changed, the
+    other policies' runs staying valid (a policy's run does not depend on the others run beside it). Each cell
+    records the policies it has run again (``refreshed``) until every cell has, so a bounded run resumes."""
+    data = json.loads(out.read_text())
+    t0 = time.perf_counter()
+    for key, cell in data["cells"].items():
+        done = cell.setdefault("refreshed", [])
+        if done and done != policies:
+            raise SystemExit(f"{out}: {key} is mid-refresh of {done}: finish that first")
+        if done == policies:
+            continue
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            print(f"budget spent: {key} and the cells after it not refreshed", flush=True)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            sim = Path(tmp) / "sim.json"
+            args = [*shlex.split(cell["command"])[1:], "--policies", ",".join(policies), "--out", str(sim)]
+            started = time.perf_counter()
+            subprocess.run(["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", *args],
+                           check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+            cell["policies"] |= summary(json.loads(sim.read_text()))
+        cell["wall_s"] = round(cell["wall_s"] + time.perf_counter() - started, 1)
+        cell["short"] = dominance(cell["policies"])
+        cell["refreshed"] = policies
+        print(f"{key}: {', '.join(policies)} again; {DEFAULT_POLICY} short of {cell['short'] or 'none'}", flush=True)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+    for cell in data["cells"].values():
+        del cell["refreshed"]
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{out}: {', '.join(policies)} refreshed in every cell", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/policy_matrix.json", help="results JSON (resumed when it exists)")
+    ap.add_argument("--out", default=None, help="results JSON (resumed when it exists; default: the screen's, "
+                    "results/policy_matrix.json, or with --seeds or --refresh the verdict's, "
+                    "results/policy_verdict.json)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--rates", default=",".join(RATES))
     ap.add_argument("--kv", default=",".join(KV), help=f"comma-separated of {', '.join(KV)}")
@@ -179,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.variant_of is not None:
         from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import variant_matrix
 
-        if args.out == "results/policy_matrix.json":
+        if args.out is None:
             raise SystemExit("--variant-of writes a file of its own: name it with --out")
         keys = [f"{w}/{rate}/{kv}" for rate in args.rates.split(",") for kv in args.kv.split(",")
                 for w in args.workloads.split(",")]
@@ -188,12 +226,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.refresh is not None:
         from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import refresh_matrix
 
-        out = Path("results/policy_verdict.json" if args.out == "results/policy_matrix.json" else args.out)
+        out = Path(args.out or "results/policy_verdict.json")
+        if "miniature" in json.loads(out.read_text()):  # a screen (single runs), not a verdict over seeds
+            return refresh_screen(out, args.refresh.split(","), args.nice, args.budget_s)
         return refresh_matrix(out, args.refresh.split(","), niceness=args.nice, timeout_s=args.timeout_s,
                               budget_s=args.budget_s)
     if args.seeds is not None:
         return _run_seeds(args)
-    out = Path(args.out)
+    out = Path(args.out or "results/policy_matrix.json")
     data = json.loads(out.read_text()) if out.exists() else {}
     if data and data.get("jitter", 0.0) != args.jitter:
         raise SystemExit(f"{out} holds cells run with --jitter {data.get('jitter', 0.0)}, not {args.jitter}: "
@@ -226,7 +266,7 @@ def _run_seeds(args: argparse.Namespace) -> None:
     if args.seeds < 2 or args.max_seeds < args.seeds:
         raise SystemExit(f"--seeds needs at least 2 and --max-seeds at least --seeds; got {args.seeds}, "
                          f"{args.max_seeds}")
-    out = Path("results/policy_verdict.json" if args.out == "results/policy_matrix.json" else args.out)
+    out = Path(args.out or "results/policy_verdict.json")
     knobs = [flag for kv in args.policy_kwargs for flag in ("--policy-kwargs", kv)]
     cells = [(f"{w}/{rate}/{kv}", RATES[rate], KV[kv] + knobs) for rate in args.rates.split(",")
              for kv in args.kv.split(",") for w in args.workloads.split(",")]
