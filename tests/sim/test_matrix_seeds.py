@@ -241,10 +241,8 @@ def test_a_variant_runs_the_default_with_its_knob_on_the_stored_seeds_beside_the
 
 
 def test_the_variant_flags_reach_the_runner(tmp_path, monkeypatch):
-    from kvmesh.cluster.measure.benchmarks.support import matrix_seeds as ms
-
     seen = {}
-    monkeypatch.setattr(ms, "variant_matrix", lambda source, out, keys, knobs, **kw: seen.update(
+    monkeypatch.setattr(matrix_seeds, "variant_matrix", lambda source, out, keys, knobs, **kw: seen.update(
         source=source, out=out, keys=keys, knobs=knobs, **kw))
     policy_matrix.main(["--variant-of", "v.json", "--workloads", "chatbot,tool_agent", "--rates", "2x", "--kv", "none",
                         "--policy-kwargs", "churn_clamp=4", "--seeds", "4", "--out", str(tmp_path / "o.json")])
