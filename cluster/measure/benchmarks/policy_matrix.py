@@ -134,20 +134,24 @@ def summary(report: dict) -> dict[str, dict]:
             for name, p in report["policies"].items() if not name.endswith("/no-tier")}
 
 
+def _run_sim(args: list[str], niceness: int) -> tuple[dict, float]:
+    """One ``kvmesh sim`` process of ``args`` (from ``sim`` on; at ``niceness``): its report and wall seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "sim.json"
+        t0 = time.perf_counter()
+        cmd = ["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", *args, "--out", str(out)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+        return json.loads(out.read_text()), time.perf_counter() - t0
+
+
 def run_cell(workload: str, time_scale: float, kv_flags: list[str], replicas: int, miniature: int,
              niceness: int = 10) -> dict:
     """One ``kvmesh sim`` run over every policy (at ``niceness``); its per-policy figures and its wall seconds."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "sim.json"
-        cmd = ["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", "sim", "--workload", workload,
-               "--num-replicas", str(replicas), "--time-scale", str(time_scale), "--miniature", str(miniature),
-               "--no-ceilings", "--no-plot", "--no-progress", "--out", str(out), *kv_flags]
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-        wall = time.perf_counter() - t0
-        report = json.loads(out.read_text())
+    args = ["sim", "--workload", workload, "--num-replicas", str(replicas), "--time-scale", str(time_scale),
+            "--miniature", str(miniature), "--no-ceilings", "--no-plot", "--no-progress", *kv_flags]
+    report, wall = _run_sim(args, niceness)
     return {"policies": summary(report), "wall_s": round(wall, 1), "requests": report["trace"]["requests"],
-            "command": " ".join(["kvmesh", *cmd[cmd.index("sim"):cmd.index("--out")], *kv_flags])}
+            "command": " ".join(["kvmesh", *args])}
 
 
 def refresh_screen(out: Path, policies: list[str], niceness: int, budget_s: float | None = None) -> None:
@@ -166,14 +170,9 @@ def refresh_screen(out: Path, policies: list[str], niceness: int, budget_s: floa
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             print(f"budget spent: {key} and the cells after it not refreshed", flush=True)
             return
-        with tempfile.TemporaryDirectory() as tmp:
-            sim = Path(tmp) / "sim.json"
-            args = [*shlex.split(cell["command"])[1:], "--policies", ",".join(policies), "--out", str(sim)]
-            started = time.perf_counter()
-            subprocess.run(["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", *args],
-                           check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-            cell["policies"] |= summary(json.loads(sim.read_text()))
-        cell["wall_s"] = round(cell["wall_s"] + time.perf_counter() - started, 1)
+        report, wall = _run_sim([*shlex.split(cell["command"])[1:], "--policies", ",".join(policies)], niceness)
+        cell["policies"] |= summary(report)
+        cell["wall_s"] = round(cell["wall_s"] + wall, 1)
         cell["short"] = dominance(cell["policies"])
         cell["refreshed"] = policies
         print(f"{key}: {', '.join(policies)} again; {DEFAULT_POLICY} short of {cell['short'] or 'none'}", flush=True)
