@@ -70,8 +70,10 @@ class OpenAIHandlers:
 
     def _count_load(self, http: Request, candidates: list[parallel_sampling.Candidate],
                     prompts: list[list[int]]) -> None:
-        """The request is queued: the load the replica publishes counts it, booked on its router
-        (load_publishing.py)."""
+        """The request is being queued: the load the replica publishes counts it from now on, booked on its router
+        (load_publishing.py), not from its first output (``start_all`` waits for it: a router would see a replica
+        computing a long prompt as idle until then). A request the engine then refuses stays in the decayed intake
+        and its booking acknowledged; its queue entry is forgotten a second later (``FORGET_S``)."""
         if self.state.load_publishing is not None:
             booking = router_booking(http, self.state.server.internal_key)
             self.state.load_publishing.accept(booking, [c.request_id for c in candidates], len(prompts[0]))
@@ -85,6 +87,7 @@ class OpenAIHandlers:
         constraints = await checked_constraints(params)
         request_id = responses.random_id("chatcmpl" if isinstance(req, ChatCompletionRequest) else "cmpl")
         candidates, kv = engine_requests(self.state, http, req, request_id, prompts, params)
+        self._count_load(http, candidates, prompts)  # from its queueing on, not its first output
         try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
             streams = await kv_request.start_or_leave(parallel_sampling.start_all(client, candidates),  # aborts them
                 client_gone(http) if constraints or (kv is not None and kv.remote is not None) else None)
@@ -92,7 +95,6 @@ class OpenAIHandlers:
                        **await compile_seconds.compile_headers(streams, bool(constraints))}
             if isinstance(req, CompletionRequest) and req.prompt_only:
                 streams = [parallel_sampling.without_output(stream) for stream in streams]
-            self._count_load(http, candidates, prompts)
         except ValueError as e:  # a SamplingParamsError names the field
             raise ProtocolError(str(e), param=e.param if isinstance(e, SamplingParamsError) else None) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
