@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+from kvmesh.router.routing.receipts import receipt_headers
 
 HTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 """What a request can raise short of an answer (refused, reset, timed out)."""
@@ -57,6 +58,8 @@ class RequestResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    receipt: dict[str, str] = field(default_factory=dict)
+    """The route receipt's headers (``x-kvmesh-*``, lower-cased; empty unless the run asked for them)."""
     text: str = ""
     model: str = ""
     """The "model" the request named (an adapter of the ``lora`` workload, or the run's model)."""
@@ -112,6 +115,7 @@ async def send_streaming(client: aiohttp.ClientSession, path: str, body: dict, r
     try:
         async with client.post(path, json=body) as resp:
             result.status = resp.status
+            result.receipt = receipt_headers(resp.headers)
             if resp.status != 200:
                 result.error = _error_message(resp.status, await resp.read())
                 return result

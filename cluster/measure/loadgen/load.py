@@ -69,12 +69,15 @@ async def run_bench(config: BenchLoadConfig, label: str | None = None, progress:
     from kvmesh.cluster.measure.loadgen.runner import run_load
     from kvmesh.cluster.measure.loadgen.session import RequestOptions
     from kvmesh.cluster.measure.workloads.prompts import sample_text
+    from kvmesh.router.routing.receipts import HEADER_OPT_IN
     from tqdm import tqdm
 
     endpoint, w, lo = config.endpoint, config.workload, config.load
     if endpoint.api == "chat" and endpoint.prompt_format != "text":
         raise ValueError("--api chat needs --prompt-format text (chat messages are text)")
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    if endpoint.receipts:
+        headers[HEADER_OPT_IN] = "1"
     async with open_session(endpoint.url, headers, read_timeout_s=lo.timeout) as client:
         model = await preflight(client, endpoint.url, endpoint.model)
         tpw = w.tokens_per_word

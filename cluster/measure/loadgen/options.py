@@ -33,6 +33,9 @@ class EndpointOptions:
     """``completions`` or ``chat``."""
     prompt_format: str = "tokens"
     """``tokens``: token-id lists (exact lengths, completions only); ``text``: words."""
+    receipts: bool = False
+    """Ask a kvmesh router for each request's route receipt (``x-kvmesh-receipt``) and keep its headers with the
+    request's figures: the replica, why it was chosen, the hit it predicted there and the best anywhere."""
 
     def __post_init__(self) -> None:
         _choice("api", self.api, ("completions", "chat"))

@@ -57,6 +57,11 @@ def simulate(records: list, replicas: int, policy: str, seed: int, capacity_frac
     summary = summarize(run)
     return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
             "ttft_by_request": {r.request_id: r.first_token_s - r.arrival_s for r in run.requests},
+            "cached_by_request": {r.request_id: r.num_cached_tokens for r in run.requests},
+            "replica_by_request": {r.request_id: r.replica_id for r in run.requests},
+            "predicted_by_request": {r.request_id: r.predicted_hit_tokens for r in run.requests},
+            "receipt_by_request": {r.request_id: {"reason": r.receipt.reason, "best": r.receipt.best_hit_tokens}
+                                   for r in run.requests if r.receipt is not None},
             "blocks_per_replica": per_replica, "cost": asdict(config.cost),
             "max_num_batched_tokens": config.engine.max_num_batched_tokens, "max_num_seqs": config.engine.max_num_seqs}
 

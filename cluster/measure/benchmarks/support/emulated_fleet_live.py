@@ -84,11 +84,13 @@ def replay(s: LiveSettings, url: str) -> dict:
                           str(s.num_requests),
                           "--max-prompt-tokens", str(s.max_prompt_tokens), "--max-tokens", str(s.max_tokens),
                           "--trace-block-tokens", "16", "--mode", "open", "--time-scale", f"{s.dilation / s.speedup:g}",
-                          "--no-plot",
+                          "--receipts", "--no-plot",
                           "--no-progress", "--out", str(out)), check=True, stdout=subprocess.DEVNULL,
                    timeout=600)
     load = json.loads(out.read_text())
-    return load["summary"] | {"ttft_by_request": {r["session_id"]: r["ttft_s"] for r in load["requests"]}}
+    return load["summary"] | {"ttft_by_request": {r["session_id"]: r["ttft_s"] for r in load["requests"]},
+                              "cached_by_request": {r["session_id"]: r["cached_tokens"] for r in load["requests"]},
+                              "receipt_by_request": {r["session_id"]: r["receipt"] for r in load["requests"]}}
 
 
 def replica_timing(ends: list[dict]) -> list[dict]:
@@ -116,7 +118,8 @@ def run_live(s: LiveSettings, sim: dict) -> dict:
         raise RuntimeError(f"{summary['errors']} requests failed: {summary['error_samples'][:3]}")
     return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
             "requests": summary["requests"], "duration_s": summary["duration_s"], "start_s": started_s,
-            "fleet_and_router_cpu_s": cpu_s, "replicas": timing, "ttft_by_request": summary["ttft_by_request"]}
+            "fleet_and_router_cpu_s": cpu_s, "replicas": timing, "ttft_by_request": summary["ttft_by_request"],
+            "cached_by_request": summary["cached_by_request"], "receipt_by_request": summary["receipt_by_request"]}
 
 
 def _cpu_s(procs: list[subprocess.Popen]) -> float:
