@@ -27,21 +27,34 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.emulated_fleet_live import LiveSettings, run_live
+from kvmesh.router.routing.receipts import HEADER_REPLICA
 
 
-def simulate(args: argparse.Namespace, work: Path) -> dict:
-    """``kvmesh sim``'s run on the same requests, in its own process (sim/emulated_check.py writes it)."""
-    out = work / "sim.json"
+def simulate(args: argparse.Namespace, work: Path, replica_of: dict[str, str] | None = None) -> dict:
+    """``kvmesh sim``'s run on the same requests, in its own process (sim/emulated_check.py writes it); with
+    ``replica_of`` (request id -> the live run's replica) every request placed where the live router put it."""
+    out = work / ("sim.json" if replica_of is None else "sim_live_placements.json")
+    placed = []
+    if replica_of is not None:
+        (work / "placements.json").write_text(json.dumps(replica_of))
+        placed = ["--placements", str(work / "placements.json")]
     subprocess.run([sys.executable, "-m", "kvmesh.cluster.measure.sim.emulated_check", "--replicas", str(args.replicas),
                     "--workload", args.workload, "--speedup", f"{args.speedup:g}",
                     "--num-requests", str(args.num_requests), "--max-prompt-tokens", str(args.max_prompt_tokens),
                     "--max-tokens", str(args.max_tokens), "--policy", args.policy, "--seed", str(args.seed),
-                    "--capacity-fraction", f"{args.capacity_fraction:g}", "--out", str(out)], check=True)
+                    "--capacity-fraction", f"{args.capacity_fraction:g}", *placed, "--out", str(out)], check=True)
     return json.loads(out.read_text())
 
 
-def compare(sim: dict, live: dict, dilation: float) -> dict:
-    """Hit share in points and mean TTFT in percent, the live TTFT undilated; lateness against the mean TTFT."""
+def live_placements(live: dict) -> dict[str, str]:
+    """Request id -> the replica the live router sent it to (its route receipt)."""
+    return {rid: receipt[HEADER_REPLICA] for rid, receipt in live["receipt_by_request"].items()}
+
+
+def compare(sim: dict, live: dict, dilation: float, replayed: dict) -> dict:
+    """Hit share in points and mean TTFT in percent, the live TTFT undilated; lateness against the mean TTFT; the
+    requests the two routers placed apart (their cached tokens differ); and the live run against the simulator given
+    the live placements (``replayed``): what the replicas' timing leaves once the routers' choices are the same."""
     live_ttft = live["ttft_s"]["mean"] / dilation
     sim_ttft = sim["ttft_s"]["mean"]
     late_p99 = max(r["late_s_p99"] for r in live["replicas"])
@@ -53,6 +66,12 @@ def compare(sim: dict, live: dict, dilation: float) -> dict:
             "late_p99_share_of_live_ttft": late_p99 / live["ttft_s"]["mean"],
             "per_request_ttft_diff_s": {"p50": diffs[len(diffs) // 2], "mean": sum(diffs) / len(diffs),
                                         "off_by_over_100ms": sum(abs(d) > 0.1 for d in diffs)},
+            "placed_apart": sum(live["cached_by_request"][rid] != cached for rid, cached in
+                                sim["cached_by_request"].items()),
+            "live_placements": {"sim_cached_share": replayed["cached_share"],
+                                "sim_ttft_mean_s": replayed["ttft_s"]["mean"],
+                                "cached_share_points": 100 * (live["cached_share"] - replayed["cached_share"]),
+                                "ttft_mean_percent": 100 * (live_ttft / replayed["ttft_s"]["mean"] - 1)},
             "within": {"cached_share_1_point": abs(live["cached_share"] - sim["cached_share"]) <= 0.01,
                        "ttft_mean_5_percent": abs(live_ttft / sim_ttft - 1) <= 0.05}}
 
@@ -62,12 +81,13 @@ def table(results: list[dict]) -> str:
     as a difference, with whether it is within the margins: 1 point, 5%), the per-request agreement and the fleet's
     own lateness."""
     lines = ["| workload | cached: simulator / fleet | mean TTFT: simulator / fleet | per-request TTFT difference, "
-             "median | requests off by over 100 ms | "
+             "median | requests off by over 100 ms | requests placed apart | the live placements in the simulator: "
+             "cached, mean TTFT (the fleet's against it) | "
              "step lateness p99, worst replica, live (share of the live mean TTFT) |",
-             "|---" * 6 + "|"]
+             "|---" * 8 + "|"]
     for r in results:
         c, s = r["comparison"], r["settings"]
-        within = c["within"]
+        within, lp = c["within"], c["live_placements"]
         speed = f" x{s['speedup']:g}" if s.get("speedup", 1) != 1 else ""
         lines.append(
             f"| {s.get('workload', 'mooncake')}{speed}, first {s['num_requests']} | "
@@ -77,6 +97,8 @@ def table(results: list[dict]) -> str:
             f"({c['ttft_mean_percent']:+.1f}%{'' if within['ttft_mean_5_percent'] else ', outside 5%'}) | "
             f"{1000 * c['per_request_ttft_diff_s']['p50']:+.0f} ms | "
             f"{c['per_request_ttft_diff_s']['off_by_over_100ms']} of {s['num_requests']} | "
+            f"{c['placed_apart']} of {s['num_requests']} | "
+            f"{100 * lp['sim_cached_share']:.2f}%, {lp['sim_ttft_mean_s']:.3f} s ({lp['ttft_mean_percent']:+.1f}%) | "
             f"{1000 * c['late_s_p99_worst_replica']:.0f} ms ({100 * c['late_p99_share_of_live_ttft']:.2f}%) |")
     return "\n".join(lines)
 
@@ -111,9 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = LiveSettings(args.replicas, args.num_requests, args.max_prompt_tokens, args.max_tokens,
                                 args.dilation, args.policy, work, args.workload, args.speedup)
         live = run_live(settings, sim)
+        replayed = simulate(args, work, live_placements(live))
     result = {"bench": "emulated_fleet", "command": "kvmesh bench emulated_fleet " + " ".join(argv or sys.argv[3:]),
-              "settings": vars(args), "sim": sim,
-              "live": live, "comparison": compare(sim, live, args.dilation), "wall_s": time.monotonic() - t0}
+              "settings": vars(args), "sim": sim, "sim_live_placements": replayed,
+              "live": live, "comparison": compare(sim, live, args.dilation, replayed),
+              "wall_s": time.monotonic() - t0}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     c = result["comparison"]

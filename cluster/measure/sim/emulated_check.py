@@ -37,11 +37,13 @@ def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int, workloa
 
 
 def simulate(records: list, replicas: int, policy: str, seed: int, capacity_fraction: float,
-             speedup: float = 1.0) -> dict:
+             speedup: float = 1.0, replica_of: dict[str, str] | None = None) -> dict:
     """``kvmesh sim``'s run of ``policy`` on the miniature of ``records`` sent ``speedup`` times as fast as their
-    times say: its shares, TTFTs and the fleet it used."""
+    times say: its shares, TTFTs and the fleet it used. ``replica_of`` (request id -> a live run's replica): every
+    request placed as the live run placed it instead (sim/placement_replay.py)."""
     from kvmesh.cluster.measure.sim.config import SimConfig, miniature
     from kvmesh.cluster.measure.sim.loop import run_policy
+    from kvmesh.cluster.measure.sim.placement_replay import PlacementReplay, placements
     from kvmesh.cluster.measure.sim.report import summarize
     from kvmesh.cluster.measure.sim.request import requests_from_mooncake
     from kvmesh.cluster.measure.sim.run import BlockTokenCache, blocks_per_replica
@@ -52,8 +54,11 @@ def simulate(records: list, replicas: int, policy: str, seed: int, capacity_frac
                   for r in requests_from_mooncake(records, 1.0, block))
     per_replica = max(blocks_per_replica(config, records), 2 * largest)
     config = replace(config, blocks_per_replica=per_replica)
-    run = run_policy(policy, requests_from_mooncake(records, 1 / speedup, block), config, per_replica,
-                     BlockTokenCache(block, config.vocab_size, config.seed))
+    reqs = requests_from_mooncake(records, 1 / speedup, block)
+    replay = None if replica_of is None else PlacementReplay(
+        placements([r.request_id for r in reqs], replica_of, [str(k) for k in range(replicas)]), block)
+    run = run_policy(policy, reqs, config, per_replica, BlockTokenCache(block, config.vocab_size, config.seed),
+                     routed_by=replay)
     summary = summarize(run)
     return {"cached_share": summary["cached_tokens"] / summary["prompt_tokens"], "ttft_s": summary["ttft_s"],
             "ttft_by_request": {r.request_id: r.first_token_s - r.arrival_s for r in run.requests},
@@ -77,10 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="cache_aware_tokens")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--capacity-fraction", type=float, default=1.0)
+    ap.add_argument("--placements", default=None,
+                    help="a JSON file of request id -> the replica a live run sent it to: place every request so")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     records = requests(args.num_requests, args.max_prompt_tokens, args.max_tokens, args.workload)
-    result = simulate(records, args.replicas, args.policy, args.seed, args.capacity_fraction, args.speedup)
+    replica_of = json.loads(Path(args.placements).read_text()) if args.placements else None
+    result = simulate(records, args.replicas, args.policy, args.seed, args.capacity_fraction, args.speedup,
+                      replica_of)
     Path(args.out).write_text(json.dumps(result))
     return 0
 

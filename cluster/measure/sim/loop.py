@@ -28,6 +28,7 @@ from kvmesh.cluster.measure.sim.sim_run import SimRun
 from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.router.control.turns import turn_wait_s
+from kvmesh.router.routing.policies import Policy
 
 
 class FleetPolicy(Protocol):
@@ -283,11 +284,16 @@ class Simulation:
 
 def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
                tokens: BlockTokenCache, progress: Callable[[int], None] | None = None,
-               fleet: FleetPolicy | None = None) -> SimRun:
+               fleet: FleetPolicy | None = None, routed_by: Policy | None = None) -> SimRun:
     """Simulate ``requests`` (fresh, sorted by arrival) under ``policy`` on ``fleet`` (default: a fixed
-    fleet of ``config.num_replicas``); returns the run."""
+    fleet of ``config.num_replicas``); returns the run. ``routed_by``: a policy object that chooses in place of
+    ``policy``'s, with one router (sim/placement_replay.py)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     sim = Simulation(policy, requests, config, blocks_per_replica, tokens, fleet or FixedFleet())
+    if routed_by is not None:
+        if config.num_routers != 1:
+            raise ValueError("a policy object routes for one router only")
+        sim.router.routers[0].policy = routed_by
     sim.run(progress)
     return SimRun(policy, requests, sim.replicas, sim.router, time.perf_counter() - wall0,
                   time.process_time() - cpu0, sim.route_s, sim.fleet.extra(sim))
