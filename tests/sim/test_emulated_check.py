@@ -62,12 +62,38 @@ def test_a_workload_not_replayed_at_its_records_times_is_refused_by_name(workloa
 def test_the_validation_table_says_which_margins_a_workload_is_outside():
     from kvmesh.cluster.measure.benchmarks.emulated_fleet import compare, table
 
-    sim = {"cached_share": 0.20, "ttft_s": {"mean": 0.100}, "ttft_by_request": {"a": 0.1, "b": 0.1}}
+    sim = {"cached_share": 0.20, "ttft_s": {"mean": 0.100}, "ttft_by_request": {"a": 0.1, "b": 0.1},
+           "cached_by_request": {"a": 32, "b": 0}}
     live = {"cached_share": 0.195, "ttft_s": {"mean": 0.96}, "ttft_by_request": {"a": 0.8, "b": 1.12},
-            "replicas": [{"late_s_p99": 0.008}]}
+            "cached_by_request": {"a": 32, "b": 16}, "replicas": [{"late_s_p99": 0.008}]}
+    replayed = {"cached_share": 0.195, "ttft_s": {"mean": 0.114}}  # the simulator on the live placements
     result = {"settings": {"workload": "azure_code", "speedup": 3.0, "num_requests": 2},
-              "sim": sim, "live": live, "comparison": compare(sim, live, 8.0)}
+              "sim": sim, "live": live, "comparison": compare(sim, live, 8.0, replayed)}
     row = table([result]).splitlines()[-1]
     assert row.startswith("| azure_code x3, first 2 | 20.00% / 19.50% (-0.50 pt) | "
                           "0.100 s / 0.120 s (+20.0%, outside 5%)")
-    assert "| 0 of 2 |" in row and "8 ms (0.83%)" in row  # lateness against the live mean TTFT
+    assert "| 0 of 2 | 1 of 2 |" in row  # none off by 100 ms; one placed apart (its cached tokens differ)
+    assert "| 19.50%, 0.114 s (+5.3%) |" in row  # the fleet against the simulator on its own placements
+    assert "8 ms (0.83%)" in row  # lateness against the live mean TTFT
+
+
+def test_the_simulator_given_its_own_placements_runs_as_it_did_and_a_live_replica_is_one_by_rank():
+    """The replay of placements changes nothing when they are the simulator's own (renamed as a live run's replicas
+    would be), so what it leaves against a live run is the replicas' timing."""
+    from kvmesh.cluster.measure.sim.emulated_check import simulate
+
+    records = requests(N, PROMPT, OUT, "azure_code")
+    own = simulate(records, 4, "cache_aware_tokens", 0, 1.0, 3.0)
+    live_names = {rid: f"http://127.0.0.1:{9000 + int(r)}" for rid, r in own["replica_by_request"].items()}
+    replayed = simulate(records, 4, "cache_aware_tokens", 0, 1.0, 3.0, live_names)
+    assert replayed["ttft_by_request"] == own["ttft_by_request"]
+    assert replayed["cached_by_request"] == own["cached_by_request"]
+    assert len(set(own["replica_by_request"].values())) > 1
+
+
+def test_placements_name_replicas_by_first_use_and_refuse_a_larger_fleet():
+    from kvmesh.cluster.measure.sim.placement_replay import placements
+
+    assert placements(["a", "b", "c"], {"a": "x", "b": "y", "c": "x"}, ["0", "1"]) == ["0", "1", "0"]
+    with pytest.raises(ValueError, match="used 3 replicas, the simulator has 2"):
+        placements(["a", "b", "c"], {"a": "x", "b": "y", "c": "z"}, ["0", "1"])

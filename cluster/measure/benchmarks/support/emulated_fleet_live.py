@@ -16,6 +16,7 @@ from kvmesh.cluster.measure.benchmarks.support.peer_load import tree_cpu_seconds
 from kvmesh.cluster.measure.loadgen.processes import free_port, stop_processes, wait_http
 from kvmesh.cluster.measure.shared_dir import stories_model
 from kvmesh.replica.emulate.cost_model import H100_8B_KV_BYTES_PER_TOKEN
+from kvmesh.router.config import RouterConfig
 
 MAX_MODEL_LEN = 8192
 READY_TIMEOUT_S = 300.0
@@ -64,6 +65,17 @@ def start_fleet(s: LiveSettings, sim: dict, procs: list[subprocess.Popen]) -> li
     return ends
 
 
+def dilated_router_flags(dilation: float) -> list[str]:
+    """The router's own clocks stretched as the fleet's steps are (``--emulate-time-dilation``): a routed request's
+    blocks count as cached until its events can confirm them, and a request leaves the router's queue for a replica
+    whose predicted wait is within the admission bound, both in the GPUs' time, not in the slower fleet's. Left as
+    they are, a prediction of 2 s lasts an eighth of a GPU's 2 s at a dilation of 8, and a prompt still being
+    computed is forgotten before its blocks are stored."""
+    defaults = RouterConfig()
+    return ["--predict-ttl-s", f"{defaults.predict_ttl_s * dilation:g}",
+            "--admission-admit-ttft-s", f"{defaults.admission.admit_ttft_s * dilation:g}"]
+
+
 def start_router(s: LiveSettings, ends: list[dict], procs: list[subprocess.Popen]) -> str:
     port = free_port()
     replicas = [a for e in ends for a in ("--replica", f"{e['http_url']},events={e['events_endpoint']},"
@@ -71,7 +83,8 @@ def start_router(s: LiveSettings, ends: list[dict], procs: list[subprocess.Popen
     log = (s.work / "router.log").open("w")
     procs.append(subprocess.Popen(kvmesh("router", "--model", str(stories_model()), "--port", str(port),
                                          "--max-model-len", str(MAX_MODEL_LEN), "--block-size", "16",
-                                         "--policy", s.policy, *replicas), stdout=log, stderr=subprocess.STDOUT))
+                                         "--policy", s.policy, *dilated_router_flags(s.dilation), *replicas),
+                                  stdout=log, stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
     wait_http(url, timeout_s=READY_TIMEOUT_S, proc=procs[-1])
     time.sleep(3.0)  # every replica's probe and event stream in
