@@ -1,6 +1,7 @@
 """What a replica counts of the requests it accepted, for the load it publishes (events/load.py).
 
     accept(booking, prompt_tokens, uncached_tokens, now)   a request joined the replica's queue
+    withdraw(prompt_tokens, uncached_tokens, at, now)      it was refused before it ran: its intake taken back
     cache_reset()                                          its prefix cache was reset: the decayed sums restart
     update(now, running, waiting, queued, kv_usage, ...)   the ``ReplicaLoadUpdate`` to publish now
 
@@ -59,6 +60,15 @@ class LoadLedger:
         sums[0] += uncached_tokens
         sums[1] += max(prompt_tokens, uncached_tokens)
         sums[2] += 1
+
+    def withdraw(self, prompt_tokens: int, uncached_tokens: int, accepted_at: float, now: float) -> None:
+        """A request ``accept`` counted at ``accepted_at`` was refused before it ran (the engine's 400 or 503): its
+        intake leaves the decayed sums, as it decayed since (its booking stays accepted: the router counted it, and
+        must stop counting it)."""
+        self._decay(now)
+        left = math.exp(-max(0.0, now - accepted_at) / CHURN_TAU_S)
+        taken = (uncached_tokens, max(prompt_tokens, uncached_tokens), 1)
+        self._sums = [max(0.0, s - t * left) for s, t in zip(self._sums, taken, strict=True)]
 
     def cache_reset(self) -> None:
         """The replica's prefix cache was reset: the decayed prompt sums start afresh. They describe what its cache

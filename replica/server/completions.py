@@ -72,11 +72,16 @@ class OpenAIHandlers:
                     prompts: list[list[int]]) -> None:
         """The request is being queued: the load the replica publishes counts it from now on, booked on its router
         (load_publishing.py), not from its first output (``start_all`` waits for it: a router would see a replica
-        computing a long prompt as idle until then). A request the engine then refuses stays in the decayed intake
-        and its booking acknowledged; its queue entry is forgotten a second later (``FORGET_S``)."""
+        computing a long prompt as idle until then). A request the engine then refuses is taken back
+        (``_uncount_load``): its booking stays acknowledged, the router counts it no more."""
         if self.state.load_publishing is not None:
             booking = router_booking(http, self.state.server.internal_key)
             self.state.load_publishing.accept(booking, [c.request_id for c in candidates], len(prompts[0]))
+
+    def _uncount_load(self, candidates: list[parallel_sampling.Candidate]) -> None:
+        """The engine refused the request: out of the published load again (load_publishing.py ``refused``)."""
+        if self.state.load_publishing is not None:
+            self.state.load_publishing.refused([c.request_id for c in candidates])
 
     # ------------------------------------------------------------ shared path
     async def _serve(self, http: Request, req: OpenAIRequest, prompts: list[list[int]]) -> Response:
@@ -96,8 +101,10 @@ class OpenAIHandlers:
             if isinstance(req, CompletionRequest) and req.prompt_only:
                 streams = [parallel_sampling.without_output(stream) for stream in streams]
         except ValueError as e:  # a SamplingParamsError names the field
+            self._uncount_load(candidates)
             raise ProtocolError(str(e), param=e.param if isinstance(e, SamplingParamsError) else None) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
+            self._uncount_load(candidates)
             request_id = log_failure(e, logger, "a request was refused")
             raise ProtocolError(f"this replica cannot take requests now (draining, or its engine stopped; request id "
                                 f"{request_id}); retry on another one", 503) from None

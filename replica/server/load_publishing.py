@@ -80,6 +80,17 @@ class LoadPublishing:
                 self._cached[rid] = (prompt_tokens - uncached, prompt_tokens, now, False)
         self._wake.set()
 
+    def refused(self, request_ids: list[str]) -> None:
+        """The engine requests of one ``accept`` were refused before they ran (handler thread): their queue entries
+        go at once and the request's intake leaves the published sums, so requests the engine turns away make no
+        replica look busier."""
+        with self._lock:
+            entries = [e for e in (self._cached.pop(rid, None) for rid in request_ids) if e is not None]
+            if entries:  # one accept counted the request's intake once, whatever its engine requests
+                hit, prompt, at, _ = entries[0]
+                self.ledger.withdraw(prompt, prompt - hit, at, time.monotonic())
+        self._wake.set()
+
     def cache_reset(self) -> None:
         """The prefix cache was reset (``POST /reset_prefix_cache``): the ledger's decayed sums restart, published
         at once."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from kvmesh.replica.server.load_publishing import LoadPublishing
 
 
@@ -51,6 +52,25 @@ def test_the_update_counts_the_queue_with_the_routers_expected_cache_and_its_boo
     pub._cached["b-0"] = (180, 300, 0.0, False)  # accepted long ago, never seen in the engine
     pub.update(force=True)
     assert "b-0" not in pub._cached  # a finished request's expectation is forgotten
+
+
+def test_a_request_the_engine_refuses_leaves_the_queue_and_the_intake_at_once():
+    """Counted from its queueing, a request the engine then turns away (a 400 or a 503) is taken back: a client whose
+    requests are refused makes no replica look busier to the routers. Its booking stays acknowledged."""
+    engine = _engine([], running=0)
+    pub = LoadPublishing(engine, publisher=None, interval_s=0.005)
+    pub.accept(("router-1", 1, 40), ["kept-0"], 100)
+    kept = pub.update(force=True)
+    pub.accept(("router-1", 2, 5000), ["refused-0", "refused-1"], 6000)  # parallel sampling: two engine requests
+    pub.refused(["refused-0", "refused-1"])
+    after = pub.update(force=True)
+    assert (after.num_waiting, after.queued_prefill_tokens) == (kept.num_waiting, kept.queued_prefill_tokens)
+    assert after.recent_prefill == pytest.approx(kept.recent_prefill, abs=1e-3)
+    assert after.recent_prompt == pytest.approx(kept.recent_prompt, abs=1e-3)
+    assert after.recent_requests == pytest.approx(kept.recent_requests, abs=1e-6)
+    assert after.accepted == {"router-1": 2}  # the router stops counting it, as for one that ran
+    pub.refused(["refused-0", "never-accepted"])  # twice, or unknown: nothing more is taken
+    assert pub.update(force=True).recent_prefill == pytest.approx(kept.recent_prefill, abs=1e-3)
 
 
 def test_a_request_the_engine_has_not_taken_in_yet_counts_as_waiting_until_it_joins():

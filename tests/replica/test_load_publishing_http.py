@@ -53,3 +53,21 @@ def test_a_request_is_in_the_published_load_while_its_prompt_is_computed(stories
         update = counted[1]
         assert update.recent_prefill > 1490  # the intake the router expects it to compute (decayed a little)
         assert update.queued_prefill_tokens <= 1500  # its queue counts what the router expects uncached
+
+
+def test_a_refused_request_leaves_the_published_load_as_it_was(stories_path):
+    """A tenant whose requests the replica refuses (here a prompt past the context) makes it look no busier to the
+    routers: no queue entry and no intake stay behind, whichever check refused it."""
+    emulated = {"emulation": EmulationConfig(emulate="h100-8b"), "kv_cache_memory": "256MiB", "max_model_len": 512}
+    with stories_replica(stories_path, **emulated) as runtime:
+        publishing = runtime.state.load_publishing
+        url = runtime.http.url
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        before = publishing.update(force=True)
+        for number in range(1, 6):
+            r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": PROMPT[:600], "max_tokens": 2},
+                           headers=booking_header("router-a", number, 600), timeout=30)
+            assert r.status_code == 400, r.text
+        after = publishing.update(force=True)
+        assert (after.num_waiting, after.queued_prefill_tokens) == (before.num_waiting, before.queued_prefill_tokens)
+        assert after.recent_prefill < 1 and after.recent_requests < 1e-6
