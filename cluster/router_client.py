@@ -91,11 +91,15 @@ class RouterClient:
     def health(self) -> Json:
         return json.loads(self._request("GET", "/health", check=False)[1])
 
-    def replica_rows(self, drain_cost: bool = False) -> list[ReplicaRow]:
-        """``GET /replicas`` (the admin key: it names the replicas' URLs); ``drain_cost`` adds ``exclusive_blocks``
-        (a walk over the router's index)."""
+    def replica_list(self, drain_cost: bool = False) -> ReplicaList:
+        """``GET /replicas`` (the admin key: it names the replicas' URLs): the rows and the requests admission holds;
+        ``drain_cost`` adds ``exclusive_blocks`` (a walk over the router's index)."""
         path = "/replicas?drain_cost=true" if drain_cost else "/replicas"
-        return ReplicaList.decode(self._request("GET", path, admin=True)[1]).replicas
+        return ReplicaList.decode(self._request("GET", path, admin=True)[1])
+
+    def replica_rows(self, drain_cost: bool = False) -> list[ReplicaRow]:
+        """``replica_list``'s rows."""
+        return self.replica_list(drain_cost).replicas
 
     def replicas(self, drain_cost: bool = False) -> list[Json]:
         """``replica_rows`` as JSON objects, for the autoscaling policy (cluster/fleet/autoscaler.py), which the

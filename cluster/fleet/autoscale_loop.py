@@ -1,8 +1,8 @@
 """The autoscaler against a live cluster: router rows in, decisions out to the fleet (see ``autoscaler.py``).
 
 Every ``autoscale.decision_interval_s``, while the fleet is idle: ``GET /replicas`` of serve's
-replicas -> ``Autoscaler.observe``; a scale-down re-reads the rows with their drain cost
-(``?drain_cost=true``) to pick the victim. Each decision is logged, counted in
+replicas and the requests the router's admission holds -> ``Autoscaler.observe``; a scale-down
+re-reads the rows with their drain cost (``?drain_cost=true``) to pick the victim. Each decision is logged, counted in
 ``kvmesh_autoscaler_decisions_total{action}`` and handed to the fleet (``Fleet.apply``,
 operations.py), which reports it, keeps it for ``GET /admin/fleet`` / ``kvmesh status`` and queues
 the operation it calls for.
@@ -57,8 +57,9 @@ class AutoscaleLoop:
 
     def look(self, ids: set[str]) -> Decision | None:
         """One observation of the replicas ``ids``: the decision it calls for (logged and counted), or None."""
-        rows = [msgspec.to_builtins(r) for r in self.client.replica_rows() if r.id in ids]
-        decision = self.autoscaler.observe(time.monotonic(), rows)
+        listed = self.client.replica_list()
+        rows = [msgspec.to_builtins(r) for r in listed.replicas if r.id in ids]
+        decision = self.autoscaler.observe(time.monotonic(), rows, waiting=listed.waiting)
         if decision is None:
             return None
         if decision.action == "down":  # the victim by drain cost, which the router computes on request

@@ -204,6 +204,11 @@ class Admission:
         soon = predicted_ttft_s if predicted_wait_s is None else predicted_wait_s
         return GO if idle or (room and soon <= self.config.admit_ttft_s) else WAIT
 
+    def waiting(self) -> int:
+        """Requests waiting in every router process of the host for a model this process has queued (the demand the
+        replicas' in-flight counts do not show: ``GET /replicas`` ``waiting``, which the autoscaler adds to them)."""
+        return sum(self.ledger.queued(model) for model in self.queues)
+
     def expired(self, model: str, now: float) -> list[Waiter]:
         """Waiters whose deadline has passed (the caller sheds each: nothing waits past its deadline)."""
         queue = self.queues.get(model)

@@ -126,7 +126,8 @@ def _install_replica_set(app: FastAPI, runtime: RouterRuntime) -> None:
             exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
             for row in rows:
                 row.exclusive_blocks = exclusive.get(row.id, 0)
-        return Response(ReplicaList(rows).encode(), media_type="application/json")
+        waiting = 0 if runtime.admission is None else runtime.admission.admission.waiting()
+        return Response(ReplicaList(rows, waiting).encode(), media_type="application/json")
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):

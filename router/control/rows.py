@@ -69,6 +69,9 @@ class ReplicaList(msgspec.Struct):
     """The body of ``GET /replicas``."""
 
     replicas: list[ReplicaRow]
+    waiting: int = 0
+    """Requests the router's admission holds that no replica has yet (router/admission/; those of every router
+    process of the host): load the rows' ``in_flight`` does not show, which the autoscaler counts with it."""
 
     def encode(self) -> bytes:
         return msgspec.json.encode(self)

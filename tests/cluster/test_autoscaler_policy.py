@@ -24,6 +24,15 @@ def test_desired_follows_in_flight_within_the_bounds():
     assert desired_replicas(CFG, rows(40, 40))[0] == 3  # max_replicas
 
 
+def test_requests_waiting_in_the_routers_admission_count_as_in_flight():
+    # admission holds what a replica cannot start soon in the router: 1 sent, 7 held is a load of 8, not 1
+    desired, reason = desired_replicas(CFG, rows(1), waiting=7)
+    assert desired == 2 and "8 in flight" in reason and "7 waiting in the router" in reason
+    scaler = Autoscaler(CFG)
+    assert scaler.observe(0.0, rows(1), waiting=11) is None
+    assert scaler.observe(2.0, rows(1), waiting=11).target == 3
+
+
 def test_queued_prefill_tokens_count_when_targeted():
     cfg = AutoscaleConfig(scale_with_load=True, max_replicas=4, target_in_flight=100, target_queued_prefill_tokens=1000)
     desired, reason = desired_replicas(cfg, [{"id": "r", "in_flight": 1, "prefill_backlog": 2500}])

@@ -19,8 +19,12 @@ ADMIN = {"Authorization": "Bearer admin-key"}
 SLOTS, N, REQUESTS = 32, 16, 6
 
 
+def _replicas(router: str) -> dict:
+    return httpx.get(router + "/replicas", headers=ADMIN, timeout=10).json()
+
+
 def _in_flight(router: str) -> int:
-    return httpx.get(router + "/replicas", headers=ADMIN, timeout=10).json()["replicas"][0]["in_flight"]
+    return _replicas(router)["replicas"][0]["in_flight"]
 
 
 def test_a_request_of_n_choices_takes_n_slots_and_admission_holds_what_does_not_fit(pair):
@@ -34,13 +38,17 @@ def test_a_request_of_n_choices_takes_n_slots_and_admission_holds_what_does_not_
     threads = [threading.Thread(target=send, args=(i,)) for i in range(REQUESTS)]
     for t in threads:
         t.start()
-    seen = []
+    seen, waiting = [], []
     while any(t.is_alive() for t in threads):
-        seen.append(_in_flight(router))
+        body = _replicas(router)
+        seen.append(body["replicas"][0]["in_flight"])
+        waiting.append(body["waiting"])  # what the autoscaler adds to the in-flight count
         time.sleep(0.02)
     for t in threads:
         t.join()
     assert statuses == [200] * REQUESTS
     assert max(seen) >= N, f"in_flight counted requests, not sequences: {max(seen)}"
     assert max(seen) <= SLOTS + N, f"{max(seen)} sequences sent to a replica of {SLOTS} slots"
-    assert _in_flight(router) == 0
+    assert max(waiting) >= 1, "the requests admission held were not in GET /replicas"
+    assert max(waiting) <= REQUESTS - 1
+    assert _in_flight(router) == 0 and _replicas(router)["waiting"] == 0

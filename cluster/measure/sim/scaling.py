@@ -98,7 +98,8 @@ class AutoscaledFleet:
         rows = [{"id": rid, "in_flight": loads[rid].in_flight if rid in loads else 0,
                  "prefill_backlog": loads[rid].prefill_backlog if rid in loads else 0,
                  "draining": rid in self.draining} for rid in self.live()]
-        decision = self.scaler.observe(now, rows)
+        waiting = 0 if sim.admission is None else sim.admission.num_waiting
+        decision = self.scaler.observe(now, rows, waiting=waiting)
         if decision is None:
             return
         victim = None
