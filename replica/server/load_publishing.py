@@ -10,8 +10,11 @@ An accepted request is published without waiting out the interval: the routers t
 their next choice (a burst reaches several routers within a network hop). So is a request that leaves: a conversation's
 next turn, sent through another router as soon as the answer is read, would otherwise find its replica still published
 busy with the turn before and go elsewhere. The interval caps the updates that engine steps cause. The load is read
-racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py); a request accepted that the engine
-thread has not taken in yet counts as waiting. A request the engine has not started computing counts its prompt less the
+racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py). A request accepted that the engine
+thread has not taken in yet counts as running when the engine's next step will start it (nothing waits in its scheduler
+and a running slot is free), else as waiting: a router reads waiting requests beside running ones as every slot taken
+(router/admission/room.py), and a request joining an engine with free slots made admission send one request at a
+time. A request the engine has not started computing counts its prompt less the
 prefix its router expected cached (the booking's uncached tokens, replica/openai/router_booking.py): without a booking,
 its whole prompt.
 """
@@ -40,6 +43,13 @@ FORGET_S = 1.0
 """Seconds after its accept a request not in the engine is forgotten (the engine took it in and it left, or it
 never joined)."""
 _NONE = (0, 0, 0.0, True)
+
+
+def _joined(running: int, waiting: int, joining: int, max_num_seqs: int) -> tuple[int, int]:
+    """Running and waiting requests with the ``joining`` ones the engine thread has not taken in: those its next step
+    starts (none while requests wait in its scheduler; at most the free running slots) as running, the rest waiting."""
+    starts = 0 if waiting else min(joining, max(0, max_num_seqs - running))
+    return running + starts, waiting + joining - starts
 
 
 class LoadPublishing:
@@ -110,7 +120,7 @@ class LoadPublishing:
             queued = joining_tokens + sum(
                 max(0, r.num_prompt_tokens - max(r.num_computed_tokens, cached.get(r.request_id, _NONE)[0]))
                 for r in requests)
-            running, waiting = len(sched.running), len(sched.waiting) + joining
+            running, waiting = _joined(len(sched.running), len(sched.waiting), joining, engine.config.max_num_seqs)
             key = (running, waiting, queued, tuple(self.ledger.accepted.items()))
             if key == self._last and not force:
                 return None

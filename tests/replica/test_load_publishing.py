@@ -9,11 +9,12 @@ import pytest
 from kvmesh.replica.server.load_publishing import LoadPublishing
 
 
-def _engine(requests: list[SimpleNamespace], running: int) -> SimpleNamespace:
+def _engine(requests: list[SimpleNamespace], running: int, max_num_seqs: int = 8) -> SimpleNamespace:
     sched = SimpleNamespace(requests={r.request_id: r for r in requests}, running=requests[:running],
                             waiting=requests[running:])
     steps = SimpleNamespace(coefficients=lambda: (0.01, 0.0, 0.0), num_steps=7)
-    return SimpleNamespace(scheduler=sched, kv_cache_manager=SimpleNamespace(usage=0.5),
+    return SimpleNamespace(scheduler=sched, config=SimpleNamespace(max_num_seqs=max_num_seqs),
+                           kv_cache_manager=SimpleNamespace(usage=0.5),
                            prefill_rate=SimpleNamespace(tokens_per_s=1000.0), decode_step_time=steps,
                            output_processor=SimpleNamespace(finish_listeners=[]))
 
@@ -73,21 +74,43 @@ def test_a_request_the_engine_refuses_leaves_the_queue_and_the_intake_at_once():
     assert pub.update(force=True).recent_prefill == pytest.approx(kept.recent_prefill, abs=1e-3)
 
 
-def test_a_request_the_engine_has_not_taken_in_yet_counts_as_waiting_until_it_joins():
-    engine = _engine([], running=0)
+def test_a_request_the_engine_has_not_taken_in_yet_counts_as_its_next_step_will_find_it():
+    """Accepted before the engine thread takes it in, a request counts at once: as running when the next step starts
+    it (a free slot, nothing waiting), so no router reads it as a sign that every slot is taken."""
+    one_running = _request("a-0", 100, computed=100)
+    engine = _engine([one_running], running=1, max_num_seqs=8)
     pub = LoadPublishing(engine, publisher=None, interval_s=0.005)
     pub.accept(("router-1", 1, 120), ["b-0"], 300)  # queued by the handler; the engine thread has not taken it in
     update = pub.update()
-    assert (update.num_waiting, update.queued_prefill_tokens, update.accepted) == (1, 120, {"router-1": 1})
+    assert (update.num_running, update.num_waiting) == (2, 0)
+    assert (update.queued_prefill_tokens, update.accepted) == (120, {"router-1": 1})
     joined = _request("b-0", 300)
     engine.scheduler.requests["b-0"] = joined
-    engine.scheduler.waiting.append(joined)
+    engine.scheduler.running.append(joined)
     assert pub.update() is None  # the same load, now counted by the engine: nothing new to send
     del engine.scheduler.requests["b-0"]
-    engine.scheduler.waiting.remove(joined)
+    engine.scheduler.running.remove(joined)
     update = pub.update()
-    assert (update.num_waiting, update.queued_prefill_tokens) == (0, 0)  # it left: not counted again
+    assert (update.num_running, update.num_waiting, update.queued_prefill_tokens) == (1, 0, 0)  # it left
     assert "b-0" not in pub._cached
+
+
+@pytest.mark.parametrize("case", ["behind a waiting request", "every slot taken"])
+def test_a_joining_request_the_next_step_cannot_start_counts_as_waiting(case):
+    queue = [_request("a-0", 100, computed=100), _request("a-1", 100)]
+    engine = _engine(queue, running=2 if case == "every slot taken" else 1, max_num_seqs=2)
+    pub = LoadPublishing(engine, publisher=None, interval_s=0.005)
+    pub.accept(None, ["b-0", "b-1"], 50)  # two engine requests of one accept (n=2)
+    update = pub.update()
+    assert (update.num_running, update.num_waiting) == ((2, 2) if case == "every slot taken" else (1, 3))
+
+
+def test_joining_requests_fill_the_free_slots_and_wait_past_them():
+    engine = _engine([_request("a-0", 100, computed=100)], running=1, max_num_seqs=3)
+    pub = LoadPublishing(engine, publisher=None, interval_s=0.005)
+    pub.accept(None, ["b-0", "b-1", "b-2"], 50)
+    update = pub.update()
+    assert (update.num_running, update.num_waiting) == (3, 1)
 
 
 class _Publisher:

@@ -52,3 +52,27 @@ def test_a_request_of_n_choices_takes_n_slots_and_admission_holds_what_does_not_
     assert max(waiting) >= 1, "the requests admission held were not in GET /replicas"
     assert max(waiting) <= REQUESTS - 1
     assert _in_flight(router) == 0 and _replicas(router)["waiting"] == 0
+
+
+def test_requests_that_fit_the_replicas_slots_all_go_at_once_not_one_at_a_time(pair):
+    """A replica counts a request from its queueing, before its engine thread takes it in; published then as
+    waiting beside one running, it taught admission that the replica runs one request at a time, and eight clients
+    were served one by one (a fifth of the throughput)."""
+    _, router = pair
+    clients, seen, statuses = 8, [], []
+
+    def send(i: int) -> None:
+        for k in range(3):
+            body = {"prompt": [1, 40 + i, 7 + k], "max_tokens": 80, "ignore_eos": True}
+            statuses.append(httpx.post(router + "/v1/completions", headers=AUTH, json=body, timeout=120).status_code)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        seen.append(_in_flight(router))
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert statuses == [200] * clients * 3
+    assert sorted(seen)[len(seen) // 2] >= clients - 2, f"in flight at once, median {sorted(seen)[len(seen) // 2]}"
