@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
+from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import run_sim
 from kvmesh.router.routing.policies import DEFAULT_POLICY
 
 WORKLOADS = ("mooncake", "azure_conv", "azure_code", "multi_turn", "chatbot", "tool_agent")
@@ -134,22 +131,12 @@ def summary(report: dict) -> dict[str, dict]:
             for name, p in report["policies"].items() if not name.endswith("/no-tier")}
 
 
-def _run_sim(args: list[str], niceness: int) -> tuple[dict, float]:
-    """One ``kvmesh sim`` process of ``args`` (from ``sim`` on; at ``niceness``): its report and wall seconds."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "sim.json"
-        t0 = time.perf_counter()
-        cmd = ["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", *args, "--out", str(out)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-        return json.loads(out.read_text()), time.perf_counter() - t0
-
-
 def run_cell(workload: str, time_scale: float, kv_flags: list[str], replicas: int, miniature: int,
              niceness: int = 10) -> dict:
     """One ``kvmesh sim`` run over every policy (at ``niceness``); its per-policy figures and its wall seconds."""
     args = ["sim", "--workload", workload, "--num-replicas", str(replicas), "--time-scale", str(time_scale),
             "--miniature", str(miniature), "--no-ceilings", "--no-plot", "--no-progress", *kv_flags]
-    report, wall = _run_sim(args, niceness)
+    report, wall = run_sim(args, niceness)
     return {"policies": summary(report), "wall_s": round(wall, 1), "requests": report["trace"]["requests"],
             "command": " ".join(["kvmesh", *args])}
 
@@ -170,7 +157,7 @@ def refresh_screen(out: Path, policies: list[str], niceness: int, budget_s: floa
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             print(f"budget spent: {key} and the cells after it not refreshed", flush=True)
             return
-        report, wall = _run_sim([*shlex.split(cell["command"])[1:], "--policies", ",".join(policies)], niceness)
+        report, wall = run_sim([*shlex.split(cell["command"])[1:], "--policies", ",".join(policies)], niceness)
         cell["policies"] |= summary(report)
         cell["wall_s"] = round(cell["wall_s"] + wall, 1)
         cell["short"] = dominance(cell["policies"])

@@ -54,14 +54,21 @@ def sim_command(workload: str, time_scale: float, kv_flags: list[str], seed: int
             "--arrival-seed", str(seed), "--policies", ",".join(policies), "--no-plot", "--no-progress", *kv_flags]
 
 
-def run_seed(args: list[str], niceness: int, timeout_s: float) -> tuple[dict, float]:
-    """One ``kvmesh sim`` process (at ``niceness``): its figures and wall seconds."""
+def run_sim(args: list[str], niceness: int, timeout_s: float | None = None) -> tuple[dict, float]:
+    """One ``kvmesh sim`` process of ``args`` (from ``sim`` on; at ``niceness``, killed past ``timeout_s``): its
+    report and wall seconds. The matrix's screen, its seeds and their refreshes all run through it."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sim.json"
         cmd = ["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", *args, "--out", str(out)]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy(), timeout=timeout_s)
-        return figures(json.loads(out.read_text())), time.perf_counter() - t0
+        return json.loads(out.read_text()), time.perf_counter() - t0
+
+
+def run_seed(args: list[str], niceness: int, timeout_s: float) -> tuple[dict, float]:
+    """One seed's ``kvmesh sim`` process: the figures the verdict reads and its wall seconds."""
+    report, wall = run_sim(args, niceness, timeout_s)
+    return figures(report), wall
 
 
 def cell_state(cell: dict, default: str) -> str | None:
