@@ -65,7 +65,9 @@ def test_the_validation_table_says_which_margins_a_workload_is_outside():
     sim = {"cached_share": 0.20, "ttft_s": {"mean": 0.100}, "ttft_by_request": {"a": 0.1, "b": 0.1},
            "cached_by_request": {"a": 32, "b": 0}}
     live = {"cached_share": 0.195, "ttft_s": {"mean": 0.96}, "ttft_by_request": {"a": 0.8, "b": 1.12},
-            "cached_by_request": {"a": 32, "b": 16}, "replicas": [{"late_s_p99": 0.008}]}
+            "cached_by_request": {"a": 32, "b": 16}, "fleet_and_router_cpu_s": 30.0, "duration_s": 120.0,
+            "replicas": [{"late_s_p99": 0.008, "cpu_s_per_step": 0.0004},
+                         {"late_s_p99": 0.002, "cpu_s_per_step": 0.0005}]}
     replayed = {"cached_share": 0.195, "ttft_s": {"mean": 0.114}}  # the simulator on the live placements
     result = {"settings": {"workload": "azure_code", "speedup": 3.0, "num_requests": 2},
               "sim": sim, "live": live, "comparison": compare(sim, live, 8.0, replayed)}
@@ -75,6 +77,7 @@ def test_the_validation_table_says_which_margins_a_workload_is_outside():
     assert "| 0 of 2 | 1 of 2 |" in row  # none off by 100 ms; one placed apart (its cached tokens differ)
     assert "| 19.50%, 0.114 s (+5.3%) |" in row  # the fleet against the simulator on its own placements
     assert "8 ms (0.83%)" in row  # lateness against the live mean TTFT
+    assert "30 s in 120 s (0.25 cores); 0.40-0.50 ms" in row  # what the emulation cost
 
 
 def test_the_simulator_given_its_own_placements_runs_as_it_did_and_a_live_replica_is_one_by_rank():

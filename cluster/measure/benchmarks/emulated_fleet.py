@@ -76,6 +76,15 @@ def compare(sim: dict, live: dict, dilation: float, replayed: dict) -> dict:
                        "ttft_mean_5_percent": abs(live_ttft / sim_ttft - 1) <= 0.05}}
 
 
+def cpu_cell(live: dict) -> str:
+    """The fleet's and the router's CPU seconds over the replay's wall seconds (as cores), and the range of the
+    replicas' engine CPU per step."""
+    per_step = [r["cpu_s_per_step"] for r in live["replicas"]]
+    cpu, wall = live["fleet_and_router_cpu_s"], live["duration_s"]
+    return (f"{cpu:.0f} s in {wall:.0f} s ({cpu / wall:.2f} cores); "
+            f"{1000 * min(per_step):.2f}-{1000 * max(per_step):.2f} ms")
+
+
 def table(results: list[dict]) -> str:
     """A row per results file: the workload, the simulator's and the fleet's cached share and mean TTFT (the fleet's
     as a difference, with whether it is within the margins: 1 point, 5%), the per-request agreement and the fleet's
@@ -83,8 +92,9 @@ def table(results: list[dict]) -> str:
     lines = ["| workload | cached: simulator / fleet | mean TTFT: simulator / fleet | per-request TTFT difference, "
              "median | requests off by over 100 ms | requests placed apart | the live placements in the simulator: "
              "cached, mean TTFT (the fleet's against it) | "
-             "step lateness p99, worst replica, live (share of the live mean TTFT) |",
-             "|---" * 8 + "|"]
+             "step lateness p99, worst replica, live (share of the live mean TTFT) | CPU: the fleet and the router "
+             "over the replay; per engine step |",
+             "|---" * 9 + "|"]
     for r in results:
         c, s = r["comparison"], r["settings"]
         within, lp = c["within"], c["live_placements"]
@@ -99,7 +109,8 @@ def table(results: list[dict]) -> str:
             f"{c['per_request_ttft_diff_s']['off_by_over_100ms']} of {s['num_requests']} | "
             f"{c['placed_apart']} of {s['num_requests']} | "
             f"{100 * lp['sim_cached_share']:.2f}%, {lp['sim_ttft_mean_s']:.3f} s ({lp['ttft_mean_percent']:+.1f}%) | "
-            f"{1000 * c['late_s_p99_worst_replica']:.0f} ms ({100 * c['late_p99_share_of_live_ttft']:.2f}%) |")
+            f"{1000 * c['late_s_p99_worst_replica']:.0f} ms ({100 * c['late_p99_share_of_live_ttft']:.2f}%) | "
+            f"{cpu_cell(r['live'])} |")
     return "\n".join(lines)
 
 
