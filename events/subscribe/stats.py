@@ -44,6 +44,9 @@ class SourceStats:
     busy_pauses: int = 0
     """Times the source was over its share of the I/O thread (``source_busy_share``): its socket left
     unread for a while (or, on a socket shared with other sources, one message dropped unread)."""
+    covered_late: int = 0
+    """Live batches a replay or snapshot had delivered that arrived after it (dropped; tracker.py
+    ``COVERED_LATE_S``)."""
     pending_overflows: int = 0
     """Live batches dropped from the queue held during a recovery (over ``max_pending`` or
     ``max_pending_bytes``); recovered like lost ones."""

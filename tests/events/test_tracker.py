@@ -200,3 +200,48 @@ def test_a_gap_that_opens_while_a_probe_is_out_is_replayed():
     h.t.on_replay_batch(1, batch(1))
     h.t.on_replay_end()
     assert h.seqs() == [0, 1, 2] and h.t.stats.snapshots == 0
+
+
+def _snapshot_joined(h: Harness, next_seq: int) -> None:
+    """A late joiner's snapshot through ``next_seq - 1``, its probe answered with nothing newer."""
+    h.t.start(snapshot_on_start=True)
+    h.t.on_snapshot_end(next_seq=next_seq)
+    h.t.on_replay_end()
+
+
+def test_a_live_batch_the_snapshot_covered_arriving_after_it_is_dropped_not_taken_for_a_restart():
+    """A batch published just before the snapshot was taken can reach the SUB socket after the snapshot's answer: it
+    is in the snapshot already. Taken for a publisher restart, it cleared the replica's blocks and replayed its whole
+    history, whose old timestamps then marked the stream as lagging (routing to it by load only)."""
+    h = Harness()
+    _snapshot_joined(h, next_seq=25)
+    h.t.on_live(23, batch(23))
+    h.t.on_live(24, batch(24))
+    h.t.on_live(25, batch(25))
+    assert h.seqs() == [24, 25] and h.requests == [(SNAPSHOT, 0), (REPLAY, 25)]
+    assert h.t.stats.restarts == 0 and h.t.stats.covered_late == 2
+    assert AllBlocksCleared() not in h.delivered[-1][1]
+
+
+def test_a_live_batch_a_replay_covered_arriving_after_it_is_dropped():
+    h = Harness()
+    h.t.on_live(0, batch(0))
+    h.t.on_live(3, batch(3))
+    for s in (1, 2, 3):
+        h.t.on_replay_batch(s, batch(s))
+    h.t.on_replay_end()
+    h.t.on_live(2, batch(2))  # delivered late by the socket: the replay had it
+    h.t.on_live(4, batch(4))
+    assert h.seqs() == [0, 1, 2, 3, 4] and h.t.stats.restarts == 0 and h.t.stats.covered_late == 1
+
+
+def test_seq_zero_after_a_recovery_or_a_drop_past_the_window_is_still_a_restart():
+    h = Harness()
+    _snapshot_joined(h, next_seq=25)
+    h.t.on_live(0, batch(100))  # a new publisher starts at 0
+    assert h.t.stats.restarts == 1 and h.delivered[-1][1][0] == AllBlocksCleared()
+    late = Harness()
+    late.t.covered_late_s = 0.0  # the window has passed: a seq going back is a new publisher again
+    _snapshot_joined(late, next_seq=25)
+    late.t.on_live(24, batch(124))
+    assert late.t.stats.restarts == 1 and late.requests[-1] == (REPLAY, 0)
