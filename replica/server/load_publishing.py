@@ -14,9 +14,8 @@ racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.
 thread has not taken in yet counts as running when the engine's next step will start it (nothing waits in its scheduler
 and a running slot is free), else as waiting: a router reads waiting requests beside running ones as every slot taken
 (router/admission/room.py), and a request joining an engine with free slots made admission send one request at a
-time. A request the engine has not started computing counts its prompt less the
-prefix its router expected cached (the booking's uncached tokens, replica/openai/router_booking.py): without a booking,
-its whole prompt.
+time. A request the engine has not started computing counts its prompt less the prefix its router expected cached (the
+booking's uncached tokens, replica/openai/router_booking.py): without a booking, its whole prompt.
 """
 
 from __future__ import annotations
