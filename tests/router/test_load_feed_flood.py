@@ -105,7 +105,7 @@ def _flood_in_child(junk: bool, conn) -> None:
 @pytest.mark.parametrize("junk", [False, True], ids=["updates", "junk_frames"])
 def test_a_flood_costs_the_loop_little_and_the_honest_replicas_are_followed_as_before(junk):
     """In a process of its own: closing sockets that a flood leaves in the middle of a multipart message can abort
-    libzmq (4.3.5) in its I/O thread (an assertion in session_base.cpp, as in libzmq issue 3442), and in the test
+    libzmq (4.3.5) in its I/O thread (an assertion in session_base.cpp on a half-read message), and in the test
     runner's process that took the worker and the rest of the suite with it. The checks are made and reported
     before the sockets close; an abort after that is printed, not failed."""
     ctx = multiprocessing.get_context("spawn")
