@@ -45,8 +45,7 @@ class SourceStats:
     """Times the source was over its share of the I/O thread (``source_busy_share``): its socket left
     unread for a while (or, on a socket shared with other sources, one message dropped unread)."""
     covered_late: int = 0
-    """Live batches a replay or snapshot had delivered that arrived after it (dropped; tracker.py
-    ``COVERED_LATE_S``)."""
+    """Live batches a replay or snapshot had delivered that arrived after it (dropped; late_copies.py)."""
     pending_overflows: int = 0
     """Live batches dropped from the queue held during a recovery (over ``max_pending`` or
     ``max_pending_bytes``); recovered like lost ones."""

@@ -11,7 +11,7 @@ failures; it delivers batches in seq order and asks its owner for replays and sn
       │                             ▼
       │                         give up: count, tell the consumer, resume from what arrives
       └──seq drop──▶ restart: the next delivered batch starts with AllBlocksCleared (unless a replay or
-                     snapshot just delivered that seq: the socket's late copy, dropped)
+                     snapshot just delivered that seq: the socket's late copy, dropped; late_copies.py)
 
 A late joiner of a source without replay endpoint (vLLM publishes without one by default) takes the
 first batch it sees as its baseline: what was published before it listened is unknown, not lost.
@@ -29,18 +29,13 @@ from collections.abc import Callable
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEventBatch
 from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
 from kvmesh.events.subscribe.health import SNAPSHOT_APPLIED, SNAPSHOT_FAILED, UNRECOVERED
+from kvmesh.events.subscribe.late_copies import LateCopies
 from kvmesh.events.subscribe.pending import PendingBatches
 from kvmesh.events.subscribe.stats import SourceStats
 
 logger = logging.getLogger(__name__)
 
 LIVE, REPLAY, SNAPSHOT = "live", "replay", "snapshot"
-COVERED_LATE_S = 2.0
-"""Seconds after a replay or snapshot during which a live batch at or below the last seq it delivered (seq > 0) is
-taken as one it covered that the SUB socket delivered late, and dropped; later, or at seq 0, a seq going back is a new
-publisher (a restarted replica takes longer than this to publish again)."""
-
-
 class SourceTracker:
     """Orders one publisher's batches and drives gap recovery (see the module picture)."""
 
@@ -65,8 +60,7 @@ class SourceTracker:
         self._snapshot_failed = False  # within the current recovery
         self._logged: set[str] = set()
         self._accept_next = False  # after giving up: take the next batch as the new baseline
-        self.covered_late_s = COVERED_LATE_S
-        self._recovered: tuple[int, float] | None = None  # (last seq a replay or snapshot delivered, when)
+        self.late_copies = LateCopies()  # live batches a recovery delivered, arriving after it (late_copies.py)
 
     def start(self, snapshot_on_start: bool) -> None:
         """A late joiner asks for a snapshot first (if the source may have one)."""
@@ -93,7 +87,7 @@ class SourceTracker:
         if seq == last + 1:
             self._emit(seq, batch)
         elif seq <= last:
-            if self._covered(seq):
+            if self.late_copies.covers(seq):
                 self.stats.covered_late += 1
                 return
             self.stats.restarts += 1
@@ -170,16 +164,11 @@ class SourceTracker:
             self._begin(SNAPSHOT)
             return
         self.mode = LIVE
-        self._recovered = (self.last, time.monotonic())
+        self.late_copies.recovered(self.last)
         self._drain()
         if self._resync_after and self.mode == LIVE:
             self._resync_after = False
             self._begin(SNAPSHOT)
-
-    def _covered(self, seq: int) -> bool:
-        """Whether a live ``seq`` going back is one the last recovery delivered, arriving late (``COVERED_LATE_S``)."""
-        r = self._recovered
-        return seq > 0 and r is not None and seq <= r[0] and time.monotonic() - r[1] <= self.covered_late_s
 
     def probe(self) -> None:
         """Ask for anything after the last delivered batch. Catches batches lost at the tail of a
@@ -208,7 +197,7 @@ class SourceTracker:
         batch = KVEventBatch(ts=time.time(), events=[AllBlocksCleared(), *events])
         self._emit(next_seq - 1, batch, snapshot=True)
         self.mode = LIVE
-        self._recovered = (self.last, time.monotonic())
+        self.late_copies.recovered(self.last)
         self._notify(self.name, SNAPSHOT_APPLIED, f"next seq {next_seq}")
         self._drain()
         if self._resync_after and self.mode == LIVE:  # asked before a reconnect: maybe stale

@@ -241,7 +241,7 @@ def test_seq_zero_after_a_recovery_or_a_drop_past_the_window_is_still_a_restart(
     h.t.on_live(0, batch(100))  # a new publisher starts at 0
     assert h.t.stats.restarts == 1 and h.delivered[-1][1][0] == AllBlocksCleared()
     late = Harness()
-    late.t.covered_late_s = 0.0  # the window has passed: a seq going back is a new publisher again
+    late.t.late_copies.window_s = 0.0  # the window has passed: a seq going back is a new publisher again
     _snapshot_joined(late, next_seq=25)
     late.t.on_live(24, batch(124))
     assert late.t.stats.restarts == 1 and late.requests[-1] == (REPLAY, 0)
