@@ -28,6 +28,7 @@ from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
 from kvmesh.events.subscribe.feed_loop import FeedLoop
 from kvmesh.events.subscribe.stats import SourceStats
+from kvmesh.events.subscribe.tracker import REPLAY
 
 __all__ = ["EventSubscriber", "PublisherSource", "SubscriberConfig"]
 
@@ -154,6 +155,12 @@ class EventSubscriber:
         """Whether ``name`` answers snapshot requests (None: not known yet, or no such source)."""
         tracker = self._io.trackers.get(name)
         return tracker.snapshot_supported if tracker is not None else None
+
+    def replayed(self, name: str) -> bool:
+        """Asked from ``on_batch``: whether the batch of ``name`` being delivered was replayed (published earlier and
+        sent again to fill a gap or a late join): its ``ts`` says when it was published, not how late the stream is."""
+        tracker = self._io.trackers.get(name)
+        return tracker is not None and tracker.delivering == REPLAY
 
     def disconnected_s(self, name: str) -> float | None:
         """Seconds the connection to ``name``'s publisher has been down (or not yet up); None while

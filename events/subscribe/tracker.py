@@ -22,7 +22,6 @@ pending.py); once recovered they are delivered, skipping what the replay or snap
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
@@ -31,11 +30,12 @@ from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
 from kvmesh.events.subscribe.health import SNAPSHOT_APPLIED, SNAPSHOT_FAILED, UNRECOVERED
 from kvmesh.events.subscribe.late_copies import LateCopies
 from kvmesh.events.subscribe.pending import PendingBatches
+from kvmesh.events.subscribe.source_log import SourceLog
 from kvmesh.events.subscribe.stats import SourceStats
 
-logger = logging.getLogger(__name__)
-
 LIVE, REPLAY, SNAPSHOT = "live", "replay", "snapshot"
+
+
 class SourceTracker:
     """Orders one publisher's batches and drives gap recovery (see the module picture)."""
 
@@ -58,9 +58,11 @@ class SourceTracker:
         self._probing = False
         self._resync_after = False  # a reconnect happened during a replay: snapshot after it
         self._snapshot_failed = False  # within the current recovery
-        self._logged: set[str] = set()
+        self.log = SourceLog(name)
         self._accept_next = False  # after giving up: take the next batch as the new baseline
         self.late_copies = LateCopies()  # live batches a recovery delivered, arriving after it (late_copies.py)
+        self.delivering = LIVE
+        """How the batch being delivered reached us: LIVE, REPLAY (published earlier: its ``ts`` is old) or SNAPSHOT."""
 
     def start(self, snapshot_on_start: bool) -> None:
         """A late joiner asks for a snapshot first (if the source may have one)."""
@@ -91,7 +93,7 @@ class SourceTracker:
                 self.stats.covered_late += 1
                 return
             self.stats.restarts += 1
-            self._log_once("restart", "source %s restarted (seq %d after %d)", self.name, seq, last)
+            self.log.restarted(seq, last)
             self._clear_next = True
             self.last = -1
             if seq == 0:
@@ -107,8 +109,7 @@ class SourceTracker:
         that starts (or restarts) here starts from an empty view of the source, which is the truth
         minus what it was never told. No loss is reported and nothing is degraded."""
         self.stats.late_joins += 1
-        logger.info("source %s: joined its stream at seq %d; it has no replay endpoint, so what it published "
-                    "before is not known here", self.name, seq)
+        self.log.joined_late(seq)
 
     def _gap(self, seq: int, batch: KVEventBatch, payload_bytes: int) -> None:
         self.stats.gaps += 1
@@ -141,7 +142,7 @@ class SourceTracker:
         if seq != self.last + 1 or batch is None:
             self._replay_hole = True  # the ring buffer no longer holds what we miss
             return
-        self._emit(seq, batch)
+        self._emit(seq, batch, REPLAY)
 
     def wants(self, seq: int) -> bool:
         """Whether a replayed batch ``seq`` would be delivered (others need not be decoded)."""
@@ -195,7 +196,7 @@ class SourceTracker:
         self._clear_next = False  # the snapshot batch starts with AllBlocksCleared itself
         # The snapshot's state is as of now: stamp it with the time it arrived.
         batch = KVEventBatch(ts=time.time(), events=[AllBlocksCleared(), *events])
-        self._emit(next_seq - 1, batch, snapshot=True)
+        self._emit(next_seq - 1, batch, SNAPSHOT)
         self.mode = LIVE
         self.late_copies.recovered(self.last)
         self._notify(self.name, SNAPSHOT_APPLIED, f"next seq {next_seq}")
@@ -254,15 +255,9 @@ class SourceTracker:
                 self._begin(SNAPSHOT)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _log_once(self, kind: str, msg: str, *args) -> None:
-        """Warn the first time, then only at debug level: a flapping source must not flood logs."""
-        level = logging.DEBUG if kind in self._logged else logging.WARNING
-        self._logged.add(kind)
-        logger.log(level, msg + ("" if level == logging.DEBUG else "; further ones are only counted"), *args)
-
     def _lost(self, reason: str) -> None:
         self.stats.unrecovered += 1
-        self._log_once("lost", "source %s: events lost and not recoverable (%s)", self.name, reason)
+        self.log.lost(reason)
         self._notify(self.name, UNRECOVERED, reason)
 
     def _gave_up(self, reason: str) -> None:
@@ -291,15 +286,16 @@ class SourceTracker:
                 continue
             self.on_live(seq, batch, payload_bytes)
 
-    def _emit(self, seq: int, batch: KVEventBatch, snapshot: bool = False) -> None:
+    def _emit(self, seq: int, batch: KVEventBatch, kind: str = LIVE) -> None:
         if self._clear_next:
             self._clear_next = False
             batch = KVEventBatch(ts=batch.ts, events=[AllBlocksCleared(), *batch.events],
                                  data_parallel_rank=batch.data_parallel_rank)
-        elif not snapshot and AllBlocksCleared in map(type, batch.events):
+        elif kind != SNAPSHOT and AllBlocksCleared in map(type, batch.events):
             self.stats.restarts += 1
         self.last = seq
         self.stats.last_seq = seq
         self.stats.batches += 1
         self.stats.events += len(batch.events)
+        self.delivering = kind
         self._deliver(self.name, seq, batch)

@@ -61,6 +61,8 @@ class EventFeed:
             stream.quarantined = False  # a fresh start: what follows describes its cache again
         self._check_blocks_held(source, batch.events)
         self.router.apply_events(source, batch)
+        if self.subscriber is not None and self.subscriber.replayed(source):
+            return  # published long ago, applied now: how current the live stream is shows on its live batches
         stream.lag_s = self.metrics.observe_batch(batch.ts)
         self.stream_watch.on_batch(replica, batch.ts)
 

@@ -11,8 +11,9 @@ three failures make it wrong, each a cause of ``KVRouter.set_degraded`` (routing
   Batches published before the router applied any of the replica's (a router started or restarted
   after its replicas) are not owed: the first report's seq is the join point, and a source without
   replay endpoint never sends what came before again (the router's view is incomplete, not wrong).
-- lagging: a batch is applied more than ``max_lag_s`` after it was published (its ``ts``, on the
-  replica's clock: the offset between the clocks is estimated from ``/load``'s ``timestamp``).
+- lagging: a live batch is applied more than ``max_lag_s`` after it was published (its ``ts``, on the
+  replica's clock: the offset between the clocks is estimated from ``/load``'s ``timestamp``). Replayed
+  batches are not passed here (``EventFeed.on_batch``): they were published before the router asked.
 - lost: the subscriber gave a gap up (replay and snapshot could not fill it). The replica's tree
   is dropped at once and a snapshot resync asked for (``EventFeed.on_status``, router/control/event_feed.py).
 

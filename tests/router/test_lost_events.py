@@ -3,14 +3,17 @@ drops what the router believed it holds (the lost batch may have removed it), an
 snapshot; once one is applied the replica is exact again. Real ZeroMQ, in-process publisher."""
 
 import asyncio
+import time
 
 import zmq
+from kvmesh.events.codec import encode_batch
 from kvmesh.events.config import PublisherConfig, SubscriberConfig
 from kvmesh.events.publish.publisher import ZmqEventPublisher
+from kvmesh.events.schema import KVEventBatch
 from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.runtime import RouterRuntime
 
-from ..events.events_testkit import DroppingSocket
+from ..events.events_testkit import DroppingSocket, OldVllmPublisher
 from .helpers import removed, stored
 from .test_degraded_source import wait_for
 
@@ -114,3 +117,33 @@ def test_a_publisher_gone_while_its_replica_serves_degrades_it_until_it_is_back(
     finally:
         for p in pubs:
             p.close()
+
+
+def test_batches_replayed_to_a_router_that_joined_late_are_not_lateness():
+    """A router (re)started beside a vLLM replica (replay, no snapshots) replays its stream from seq 0: those batches
+    were published long ago and are applied now, which says nothing of how current the live stream is."""
+    old = OldVllmPublisher()
+    long_ago = time.time() - 300
+    for i in range(3):
+        old.publish(encode_batch(KVEventBatch(ts=long_ago + i, events=[stored(PROMPT, BS, start_block=i,
+                                                                                num_blocks=1)])), send=False)
+    runtime = RouterRuntime(RouterConfig(block_size=BS, upstream=UpstreamConfig(poll_interval_s=3600),
+                                         events=SubscriberConfig(max_lag_s=1.0)), [
+        ReplicaSpec("http://127.0.0.1:9", old.endpoint, old.replay_endpoint, replica_id="v")])
+    r = runtime.router
+
+    async def scenario():
+        await runtime.start()
+        r.set_healthy(r.replicas.get("v"), True)
+        try:
+            assert await wait_for(lambda: r.index.num_blocks("v") == 3, timeout=15)
+            assert r.degraded == {}, r.degraded
+            assert r.route(PROMPT).matched_blocks == 3
+            assert r.replicas.get("v").stream.lag_s is None  # no live batch yet: no lag to report
+        finally:
+            await runtime.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        old.close()
