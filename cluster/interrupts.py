@@ -71,21 +71,33 @@ class Interrupts:
 def kept_from_ray() -> Iterator[None]:
     """Keep this process's SIGINT and SIGTERM handlers while Ray starts or joins a cluster. ``ray.init`` installs
     SIGTERM handlers of its own (the driver's ``sys.exit``, the head node's) through
-    ``ray._private.utils.set_sigterm_handler``: meanwhile a no-op, so a SIGTERM during start-up is serve's
-    ``Terminated`` (its shutdown, exit 143) and, swallowed somewhere, delivered again; a handler replaced any other
-    way is put back after. A no-op off the main thread."""
+    ``ray._private.utils.set_sigterm_handler``: meanwhile a no-op, and a handler replaced any other way is put back
+    after. A SIGTERM meanwhile is held until the block ends, then raised (serve's ``Terminated``: its shutdown, exit
+    143): sent to serve alone it leaves Ray's processes running, so ``ray.init`` finishes in seconds, and raised
+    half-way it left Ray's native core half set up, which aborted the process when serve shut Ray down. A second
+    SIGTERM, and Ctrl-C (which reaches Ray's processes too, so ``ray.init`` fails at once anyway), are not held.
+    A no-op off the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     from ray._private import utils as ray_utils
 
     saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    held: list[int] = []
+
+    def hold(signum: int, frame) -> None:
+        if held and callable(saved[signal.SIGTERM]):
+            saved[signal.SIGTERM](signum, frame)  # asked twice: act now
+        held.append(signum)
+
     try:
         setter = ray_utils.set_sigterm_handler
     except AttributeError:  # another Ray: its handlers are undone after the block only
         setter = None
     if setter is not None:
         ray_utils.set_sigterm_handler = _ray_may_not_set
+    if callable(saved[signal.SIGTERM]):
+        signal.signal(signal.SIGTERM, hold)
     try:
         yield
     finally:
@@ -94,6 +106,8 @@ def kept_from_ray() -> Iterator[None]:
         for signum, handler in saved.items():
             if handler is not None:
                 signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(signal.SIGTERM)  # to the handler just put back
 
 
 def _ray_may_not_set(sigterm_handler) -> None:

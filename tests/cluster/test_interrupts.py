@@ -41,3 +41,35 @@ def test_sigterm_is_an_exception_and_ignore_ends_redelivery(interrupts):
     time.sleep(0.5)  # what must not happen: nothing is delivered after ignore() (asserting an absence)
     os.kill(os.getpid(), signal.SIGINT)  # ignored now: the shutdown itself is not interrupted
     time.sleep(0.1)  # what must not happen (an absence): no KeyboardInterrupt while it could land
+
+
+def test_sigterm_while_ray_starts_is_held_until_ray_init_returns(interrupts):
+    """Raised half-way through ``ray.init`` it left Ray's native core half set up, which aborted the process when
+    serve then shut Ray down; held, serve stops right after Ray is up (exit 143, as before)."""
+    from kvmesh.cluster.interrupts import kept_from_ray
+
+    ray_init_returned = False
+    with pytest.raises(Terminated), kept_from_ray():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)  # a handler that raised would have ended the block here
+        ray_init_returned = True
+    assert ray_init_returned and interrupts.exit_code == 143
+
+
+def test_a_second_sigterm_or_a_ctrl_c_while_ray_starts_is_not_held(interrupts):
+    from kvmesh.cluster.interrupts import kept_from_ray
+
+    second_held = False
+    with pytest.raises(Terminated), kept_from_ray():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)  # the supervisor insists
+        time.sleep(2)  # a deadline only
+        second_held = True
+    assert not second_held
+    ctrl_c_held = False
+    with pytest.raises(KeyboardInterrupt), kept_from_ray():
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C reaches Ray's processes too: ray.init fails at once anyway
+        time.sleep(2)
+        ctrl_c_held = True
+    assert not ctrl_c_held
