@@ -6,9 +6,10 @@
 
 Everything around the forward pass is the real replica's: the scheduler, the KV cache manager and its events,
 the host tier's bookkeeping (its copies land when their step ends), the HTTP layer. A sampled token is a hash of
-the token before it and its position, drawn from ``[FIRST_TEXT_ID, vocab_size)`` without the EOS ids (with
-``emulate_eos``: one in ``EOS_EVERY`` is an EOS), so the same context gives the same tokens, a preempted request
-resumes with the tokens it had, and stop strings, stop tokens and ``max_tokens`` act as on a model. Torch-free.
+the token before it and its position, drawn from the ids that are text on their own (``_text_ids``) without the
+EOS ids (with ``emulate_eos``: one in ``EOS_EVERY`` is an EOS), so the same context gives the same tokens, a
+preempted request resumes with the tokens it had, each token streams as a chunk of text, and stop strings, stop
+tokens and ``max_tokens`` act as on a model. Torch-free.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class EmulatedModelRunner:
         self._last_ids: set[str] = set()  # the previous step's requests
         self._landed: list[int] = []  # offload store jobs whose step ended
         self.loras: dict[str, LoRARequest] = {}
-        self._ids = [t for t in range(FIRST_TEXT_ID, self.vocab_size) if t not in self.eos_token_ids]
+        self._ids = [t for t in _text_ids(Path(model_dir), self.vocab_size) if t not in self.eos_token_ids]
         if not self._ids:
             raise ValueError(f"emulate: vocab_size {self.vocab_size} leaves no token id to sample")
 
@@ -138,6 +139,23 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError) as e:
         raise ValueError(f"emulate: the model directory needs a config.json (vocab_size, max_position_embeddings, "
                          f"eos_token_id): {e}") from None
+
+
+def _text_ids(model_dir: Path, vocab_size: int) -> list[int]:
+    """The ids a model's text is made of: with the model's ``tokenizer.json``, those that decode on their own to
+    printable text (a byte piece of a character, a control character or a special token would make the
+    detokenizer hold text back or write what no model writes, so a stream's first chunk would come tokens late);
+    without one, every id from ``FIRST_TEXT_ID``."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return list(range(FIRST_TEXT_ID, vocab_size))
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    ids = range(FIRST_TEXT_ID, min(vocab_size, tokenizer.get_vocab_size()))
+    texts = tokenizer.decode_batch([[t] for t in ids], skip_special_tokens=True)
+    return [t for t, text in zip(ids, texts, strict=True)
+            if text and "\ufffd" not in text and all(c.isprintable() or c in "\n\t" for c in text)]
 
 
 def _eos_ids(hf: dict, model_dir: Path) -> list[int]:

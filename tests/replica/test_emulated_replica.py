@@ -80,6 +80,19 @@ def test_a_stream_says_what_the_whole_answer_says(replica):
     assert chunks[-1]["usage"]["completion_tokens"] == 12
 
 
+def test_every_token_is_text_at_once_so_the_first_chunk_is_the_first_token(replica):
+    """A model writes text: each token streams as a chunk of its own. Random ids would include byte pieces that the
+    detokenizer holds until the next tokens complete a character, so a client's TTFT would wait for later steps."""
+    chunks = []
+    with httpx.stream("POST", f"{replica}/v1/completions", timeout=30, json={
+            "model": model(replica), "prompt": "Once upon a time", "max_tokens": 24, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks += [c["text"] for c in json.loads(line[6:])["choices"]]
+    assert len(chunks) == 24 and all(chunks), chunks
+    assert "\ufffd" not in "".join(chunks)
+
+
 def test_load_and_metrics_say_what_the_peers_scrape(replica):
     complete(replica, max_tokens=4)
     load = httpx.get(f"{replica}/load").json()

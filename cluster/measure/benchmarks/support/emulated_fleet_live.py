@@ -99,7 +99,7 @@ def replay(s: LiveSettings, url: str) -> dict:
                           "--trace-block-tokens", "16", "--mode", "open", "--time-scale", f"{s.dilation / s.speedup:g}",
                           "--receipts", "--no-plot",
                           "--no-progress", "--out", str(out)), check=True, stdout=subprocess.DEVNULL,
-                   timeout=600)
+                   timeout=600 * max(1.0, s.dilation / 8))  # the two workloads' replays take 8-9 min at a dilation of 8
     load = json.loads(out.read_text())
     return load["summary"] | {"ttft_by_request": {r["session_id"]: r["ttft_s"] for r in load["requests"]},
                               "cached_by_request": {r["session_id"]: r["cached_tokens"] for r in load["requests"]},
