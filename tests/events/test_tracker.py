@@ -245,3 +245,17 @@ def test_seq_zero_after_a_recovery_or_a_drop_past_the_window_is_still_a_restart(
     _snapshot_joined(late, next_seq=25)
     late.t.on_live(24, batch(124))
     assert late.t.stats.restarts == 1 and late.requests[-1] == (REPLAY, 0)
+
+
+def test_the_consumer_can_tell_a_replayed_batch_from_a_live_one():
+    kinds = []
+    t = SourceTracker("r0", deliver=lambda name, seq, b: kinds.append((seq, t.delivering)),
+                      request=lambda *a: None, notify=lambda *a: None, has_replay=True)
+    t.on_live(0, batch(0))
+    t.on_live(3, batch(3))  # 1 and 2 are missing: replayed
+    t.on_replay_batch(1, batch(1))
+    t.on_replay_batch(2, batch(2))
+    t.on_replay_end()
+    t.resync()
+    t.on_snapshot_end(next_seq=4)
+    assert kinds == [(0, "live"), (1, "replay"), (2, "replay"), (3, "live"), (3, "snapshot")]
