@@ -186,6 +186,10 @@ class RouterConfig:
     seed); None: requests with a cache_salt are routed without prefix matches."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
+    predict_hold_s: float = 0.0
+    """0: a routed request's blocks count as cached on its replica for predict_ttl_s from routing. > 0: until the
+    replica sends the request's first bytes (its prompt computed) or the request leaves it, and predict_ttl_s after,
+    at most this many seconds unreleased: a long prompt still queued or computed is not forgotten half-way."""
     events: SubscriberConfig = field(default_factory=SubscriberConfig)
     """The KV event feed (events/config.py): CURVE keys, the largest batch, snapshot and cache a replica may
     send, recovery timeouts and back-off, the lag before a replica is routed by load only. Its flags and variables
@@ -269,4 +273,5 @@ def build_router(config: RouterConfig, seed: int, policy: Policy | None = None) 
     if policy is None:
         policy = get_policy(config.policy, config.policy_config(), block_size=config.block_size)
     return KVRouter(config.block_size, policy, seed=seed, predict_ttl_s=config.predict_ttl_s,
-                    sessions=config.sessions, salt_secret=config.cache_salt_secret, transfers=config.transfers)
+                    sessions=config.sessions, salt_secret=config.cache_salt_secret, transfers=config.transfers,
+                    predict_hold_s=config.predict_hold_s)

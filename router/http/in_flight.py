@@ -60,6 +60,7 @@ class InFlight:
         d = self.decision
         self.loads.on_first_output(d.replica, d.uncached_tokens)
         self.had_output = True
+        self.router.release_prediction(d)  # its prompt is computed: its blocks are the replica's to confirm
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is not None or not self.had_output:  # else its answer finishes it
@@ -67,6 +68,7 @@ class InFlight:
             self.loads.on_finish(d.replica, d.uncached_tokens, had_output=self.had_output, sequences=d.sequences)
             if not self.had_output:
                 self.router.forget_pull(d)
+                self.router.release_prediction(d)
 
 
 def reserved(loads: LoadTracker, replica: Replica) -> Reservation:

@@ -263,6 +263,13 @@ class PrefixIndex:
         tree = self._replicas.get(replica_id)
         return 0 if tree is None else self.predictions.predict(tree.bit, keys, now, start)
 
+    def predict_held(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None, start: int,
+                     hold_s: float) -> int | None:
+        """``predict`` held until ``predictions.release(ticket)`` (at most ``hold_s``); the ticket, or None."""
+        tree = self._replicas.get(replica_id)
+        now = time.monotonic() if now is None else now
+        return None if tree is None else self.predictions.predict_held(tree.bit, keys, now, start, hold_s)
+
     # ---------------------------------------------------------------- matching
     def match(self, keys: Sequence[int], now: float | None = None) -> dict[ReplicaId, int]:
         """Per replica, the number of leading blocks of ``keys`` its GPU pool holds (replicas with 0 omitted)."""
@@ -284,7 +291,7 @@ class PrefixIndex:
 
     def _match_slots(self, keys: Sequence[int], now: float | None) -> dict:
         """Per slot's owner (a replica's id, or its ``HostTierSlot``), the leading blocks of ``keys`` it holds."""
-        if self.predictions.queue:
+        if self.predictions.queue or self.predictions.backstops:
             self.predictions.expire(time.monotonic() if now is None else now)
         if self.hasher.native:
             out = FASTPATH.match(self._blocks, keys, self._slot_owner)

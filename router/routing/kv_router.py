@@ -4,8 +4,9 @@
 drive. It holds the replica set, the index, the key hasher, the loads and the policy; it does no I/O. One concept
 per part:
 
-    kv_router.py        the decision: the candidates (routable.py) and their matches to the policy, the choice
-                        credited to its replica, its receipt (``route``, ``commit``, ``observe_ttft``)
+    kv_router.py        the decision: the candidates (routable.py) and their matches to the policy, its receipt
+    crediting.py        the choice credited to its replica (``commit``), the prediction released at its first bytes,
+                        the TTFT observed
     pull_planning.py    where its KV moves: the peer pull planned with it, the prefill/decode split
     event_intake.py     what the replicas report: KV events, health, degraded causes
 
@@ -23,8 +24,8 @@ from kvmesh.router.replicas.replica import JOINING, READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.roles import BOTH, check_role
 from kvmesh.router.routing.candidates import Candidates
-from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.cost.load_columns import LoadColumns
+from kvmesh.router.routing.crediting import Crediting
 from kvmesh.router.routing.event_intake import EventIntake
 from kvmesh.router.routing.eviction_ghosts import EvictionGhosts
 from kvmesh.router.routing.index import PrefixIndex
@@ -44,22 +45,25 @@ from kvmesh.router.routing.tier_matches import TierMatches
 _ns = time.perf_counter_ns
 
 
-class KVRouter(EventIntake, PullPlanning):
+class KVRouter(Crediting, EventIntake, PullPlanning):
     """Index + loads + health + policy: decides where each request goes."""
 
     def __init__(self, block_size: int = 16, policy: Policy | None = None, seed: int = DEFAULT_ROUTER_SEED,
                  predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None,
-                 salt_secret: bytes | None = None, transfers: KVPlacementRules | None = None) -> None:
+                 salt_secret: bytes | None = None, transfers: KVPlacementRules | None = None,
+                 predict_hold_s: float = 0.0) -> None:
         """``policy``: None = the default policy (``DEFAULT_POLICY``: ``cache_aware_tokens``) with its defaults;
         ``seed``: root of the router keys; ``salt_secret``: the replicas' cache-salt key
         (``RouterKeyHasher.salt_secret``); ``transfers``: when KV may move between replicas (None: the defaults of
-        ``KVPlacementRules``).
+        ``KVPlacementRules``); ``predict_hold_s`` > 0: a routed prompt's prediction holds until its replica's first
+        bytes (``release_prediction``, or ``observe_ttft``) and ``predict_ttl_s`` after, at most this long unreleased.
         ``router.config.build_router`` builds one from a ``RouterConfig``."""
         self.lock = threading.Lock()
         self.replicas = ReplicaSet(self.lock)
         """One record per replica (router/replicas/): its role, health, degraded causes, load, ..."""
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
+        self.predict_hold_s = predict_hold_s
         self.loads = LoadTracker(self.replicas)
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate
@@ -138,14 +142,14 @@ class KVRouter(EventIntake, PullPlanning):
             tiers = matched.without(self._untrusted(matched))
             choice = self._decide(keys, tiers, candidates, num_tokens, lora_name, session_id, now)
             replica, estimate = choice.replica, choice.estimate
-            pull, not_shared = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool, session_id, now,
-                                                     commit)
+            pull, not_shared, held = self._credit_and_plan(replica, keys, tiers, num_tokens, excluded, pool,
+                                                           session_id, now, commit)
         t3 = _ns()
         receipt = self._receipt(choice, bool(excluded), tiers, candidates, num_tokens, session_id, not_shared)
         return RouteDecision(replica, keys, tiers.either().get(replica.id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
-                             pool=pool, decided_at_ns=t0,
+                             pool=pool, decided_at_ns=t0, prediction=held,
                              estimate=estimate if receipt.predicted_ttft_s is not None else None,
                              held_blocks=matched.device.get(replica.id, 0), index_version=version)
 
@@ -162,12 +166,12 @@ class KVRouter(EventIntake, PullPlanning):
 
     def _credit_and_plan(self, replica: Replica, keys: list[int], tiers: TierMatches, num_tokens: int,
                          excluded: set, pool: frozenset | None, session_id: str | None, now: float | None,
-                         commit: bool) -> tuple[PlannedPull | None, str | None]:
+                         commit: bool) -> tuple[PlannedPull | None, str | None, int | None]:
         """``route``'s choice committed (``commit``: credited, and its pull counted as landing there) and its peer
-        pull planned (under the lock), with why a replica holding more could not hand it over (None: none)."""
-        if commit:
-            self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0))
-        return self._plan_pull(replica, keys, tiers, num_tokens, excluded, pool, now, commit)
+        pull planned (under the lock), with why a replica holding more could not hand it over (None: none) and the
+        ticket of its held prediction."""
+        held = self._credit(replica, keys, session_id, now, tiers.device.get(replica.id, 0)) if commit else None
+        return (*self._plan_pull(replica, keys, tiers, num_tokens, excluded, pool, now, commit), held)
 
     def _decide(self, keys: list[int], tiers: TierMatches, candidates: Candidates, num_tokens: int,
                 lora_name: str | None, session_id: str | None, now: float | None) -> Choice:
@@ -205,39 +209,6 @@ class KVRouter(EventIntake, PullPlanning):
             return None
         pinned = self.sessions.get(session_id, now)
         return candidates.named(pinned) if pinned is not None else None
-
-    def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
-        """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
-        ``commit=False``."""
-        if now is None and session_id is not None:
-            now = time.monotonic()
-        with self.lock:
-            index = self.index
-            if decision.index_version == index.predictions.version and not index.predictions.due(now):
-                start = decision.held_blocks  # the index has not changed since the decision matched
-            else:
-                start = index.match(decision.keys, now=now).get(decision.replica_id, 0)
-            self._credit(decision.replica, decision.keys, session_id, now, start)
-            if decision.pull is not None:
-                self.landing.add(decision.replica, decision.pull, now)
-
-    def _credit(self, replica: Replica, keys: list[int], session_id: str | None, now: float | None,
-                start: int) -> None:
-        """Pin the session to ``replica`` and credit it with ``keys[start:]`` (under the lock)."""
-        if session_id is not None:
-            self.sessions.pin(session_id, replica.id, now)
-        self.index.predict(replica.id, keys, now=now, start=start)
-
-    def observe_ttft(self, decision: RouteDecision, actual_s: float) -> None:
-        """The routed request's first token came ``actual_s`` after routing: learn the replica's correction
-        (router/routing/cost/correction.py) and complete the receipt."""
-        receipt, estimate = decision.receipt, decision.estimate
-        if receipt is not None:
-            receipt.actual_ttft_s = actual_s
-        if estimate is None:
-            return
-        with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
-            observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
 
     def candidates(self, excluded: set, pool: frozenset | None = None) -> Candidates:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under

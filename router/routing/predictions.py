@@ -2,7 +2,10 @@
 
 When the router sends a request to a replica, it credits that replica with the request's blocks
 for ``predict_ttl_s`` seconds, before the replica's BlockStored events can arrive. A burst of
-requests sharing a new prefix then follows the first one instead of scattering.
+requests sharing a new prefix then follows the first one instead of scattering. A held prediction
+(``predict_held``) lasts until its request's first bytes (``release``: the prompt is computed, its
+blocks are stored) and ``predict_ttl_s`` after, or until its backstop: a long prompt still being
+computed, or waiting behind others, is not forgotten half-way.
 
 Predicted bits live in the index's ``blocks`` masks like real ones (so matching needs no second
 lookup) and are also recorded in ``predicted`` (key -> bits predicted but not real). Invariant:
@@ -12,6 +15,8 @@ a bit is never both predicted and real -- a real BlockStored for a predicted blo
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -22,7 +27,7 @@ from operator import and_, or_
 class Predictions:
     """predict / confirm / expire over the index's ``blocks`` masks (shared, not copied)."""
 
-    __slots__ = ("blocks", "predicted", "queue", "ttl_s", "version")
+    __slots__ = ("backstops", "blocks", "held", "predicted", "queue", "tickets", "ttl_s", "version")
 
     def __init__(self, blocks: dict[int, int], ttl_s: float) -> None:
         if ttl_s < 0:
@@ -35,6 +40,11 @@ class Predictions:
         """(expiry time, replica bit, keys) in the order they were predicted."""
         self.ttl_s = ttl_s
         """How long a routed request's blocks count as held by its replica before events confirm them."""
+        self.held: dict[int, tuple[int, list[int]]] = {}
+        """ticket -> (replica bit, keys) of the held predictions (``predict_held``) not yet released."""
+        self.backstops: list[tuple[float, int]] = []
+        """Heap of (time a held prediction expires unreleased, its ticket); released tickets are skipped."""
+        self.tickets = itertools.count(1)
         self.version = 0
         """Counts the changes of ``blocks`` that may change a match: predictions made or expired here, the index's
         events and replicas (router/routing/index.py). A match holds while the version stays and none is ``due``."""
@@ -45,6 +55,32 @@ class Predictions:
         if len(keys) <= start or self.ttl_s <= 0:
             return 0
         now = time.monotonic() if now is None else now
+        added = self._add(bit, keys, now, start)
+        if added:
+            self.queue.append((now + self.ttl_s, bit, added))
+        return len(added)
+
+    def predict_held(self, bit: int, keys: Sequence[int], now: float, start: int, hold_s: float) -> int | None:
+        """``predict``, held until ``release(ticket)`` and ``ttl_s`` after it, at most ``hold_s`` unreleased; returns
+        the ticket (None: nothing newly credited)."""
+        if len(keys) <= start or self.ttl_s <= 0:
+            return None
+        added = self._add(bit, keys, now, start)
+        if not added:
+            return None
+        ticket = next(self.tickets)
+        self.held[ticket] = (bit, added)
+        heapq.heappush(self.backstops, (now + max(hold_s, self.ttl_s), ticket))
+        return ticket
+
+    def release(self, ticket: int | None, now: float) -> None:
+        """The held prediction's request sent its first bytes (or failed): it lasts ``ttl_s`` more."""
+        entry = self.held.pop(ticket, None) if ticket is not None else None
+        if entry is not None:
+            self.queue.append((now + self.ttl_s, *entry))
+
+    def _add(self, bit: int, keys: Sequence[int], now: float, start: int) -> list[int]:
+        """Set ``bit`` on ``keys[start:]`` where it is not set (as predicted); the keys newly credited."""
         self.expire(now)
         blocks, predicted = self.blocks, self.predicted
         tail = keys[start:] if start else keys
@@ -61,9 +97,8 @@ class Predictions:
                     predicted[key] = predicted.get(key, 0) | bit
                     added.append(key)
         if added:
-            self.queue.append((now + self.ttl_s, bit, added))
             self.version += 1
-        return len(added)
+        return added
 
     def real(self, keys: Sequence[int], matches: Mapping, entries: Mapping) -> dict:
         """``matches`` (replica id -> leading blocks of ``keys``, predictions included) cut at each replica's first
@@ -104,12 +139,17 @@ class Predictions:
 
     def due(self, now: float | None = None) -> bool:
         """Whether a prediction expires by ``now`` (None: the clock): a match taken before may not hold then."""
-        queue = self.queue
-        return bool(queue) and queue[0][0] <= (time.monotonic() if now is None else now)
+        queue, backstops = self.queue, self.backstops
+        while backstops and backstops[0][1] not in self.held:  # released: its ttl is in the queue
+            heapq.heappop(backstops)
+        if not queue and not backstops:
+            return False
+        now = time.monotonic() if now is None else now
+        return bool(queue) and queue[0][0] <= now or bool(backstops) and backstops[0][0] <= now
 
     def expire(self, now: float) -> None:
         """Withdraw the predictions older than ``ttl_s`` that no event confirmed."""
-        queue, predicted = self.queue, self.predicted
+        queue, predicted, backstops = self.queue, self.predicted, self.backstops
         if queue and queue[0][0] <= now:
             self.version += 1
         while queue and queue[0][0] <= now:
@@ -117,3 +157,10 @@ class Predictions:
             for key in keys:
                 if predicted.get(key, 0) & bit:
                     self.unpredict(key, bit)
+        while backstops and backstops[0][0] <= now:  # held and never released: a request that vanished
+            entry = self.held.pop(heapq.heappop(backstops)[1], None)
+            if entry is not None:
+                self.version += 1
+                for key in entry[1]:
+                    if predicted.get(key, 0) & entry[0]:
+                        self.unpredict(key, entry[0])

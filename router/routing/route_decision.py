@@ -53,6 +53,9 @@ class RouteDecision:
     index_version: int = -1
     """The index's version then (router/routing/predictions.py; -1: unknown): while it is current and no prediction
     is due, ``KVRouter.commit`` credits the replica from ``held_blocks`` without matching again."""
+    prediction: int | None = None
+    """The ticket of its prompt's held prediction (``KVRouter.predict_hold_s``), released when the replica sends its
+    first bytes or the request leaves it (``KVRouter.release_prediction``); None: a plain prediction, or none."""
 
     @property
     def replica_id(self) -> ReplicaId:

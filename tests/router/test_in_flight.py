@@ -31,7 +31,8 @@ def _flight(loads: LoadTracker, choices_out=None) -> InFlight:
     """An attempt on replica a of the router owning ``loads`` (``choices_out``: its sync stream's hook)."""
     decision = SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=48, pull=None, sequences=1,
                                keys=[11, 12, 13])
-    router = SimpleNamespace(loads=loads, forget_pull=lambda d: None, choices_out=choices_out)
+    router = SimpleNamespace(loads=loads, forget_pull=lambda d: None, choices_out=choices_out, released=[])
+    router.release_prediction = router.released.append  # a held prediction: released at the answer or the end
     return InFlight(router, decision, len(PROMPT))
 
 
@@ -42,9 +43,11 @@ def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
 
 def test_an_attempt_left_without_an_answer_is_finished():
     loads = _tracker()
-    with _flight(loads):
+    with _flight(loads) as flight:
         assert _counts(loads) == (1, 48)
+        assert flight.router.released == []
     assert _counts(loads) == (0, 0)
+    assert flight.router.released == [flight.decision]
 
 
 def test_a_router_that_syncs_tells_the_others_of_the_attempt_with_its_booking_and_keys():
@@ -62,7 +65,9 @@ def test_an_answered_attempt_is_handed_to_its_answer():
     loads = _tracker()
     with _flight(loads) as flight:
         flight.answered()
+        assert flight.router.released == [flight.decision]  # its prompt is computed
     assert _counts(loads) == (1, 0)  # the answer's finish (had_output=True) ends it
+    assert flight.router.released == [flight.decision]
     loads.on_finish(loads.replicas.get("a"), 48, had_output=True)
     assert _counts(loads) == (0, 0)
 

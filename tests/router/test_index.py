@@ -114,6 +114,30 @@ def test_confirmed_prediction_survives_ttl():
     assert index.match(keys(), now=102.0) == {"a": 4}
 
 
+def test_a_held_prediction_lasts_until_its_release_and_the_ttl_after():
+    index = make_index(ttl=1.0)
+    index.add_replica("a")
+    ticket = index.predict_held("a", keys(), now=100.0, start=0, hold_s=30.0)
+    index.apply("a", [stored(PROMPT, BS, num_blocks=4)])  # the prompt's first chunk is computed
+    assert index.match(keys(), now=105.0) == {"a": 10}  # past the ttl, the rest still being computed
+    index.predictions.release(ticket, now=106.0)  # its first token
+    assert index.match(keys(), now=106.9) == {"a": 10}
+    assert index.match(keys(), now=107.1) == {"a": 4}  # what the events did not confirm goes after the ttl
+    assert not index.predictions.held and index.predictions.due(200.0) is False
+
+
+def test_a_held_prediction_never_released_goes_at_its_backstop():
+    index = make_index(ttl=1.0)
+    index.add_replica("a")
+    index.predict_held("a", keys(), now=100.0, start=0, hold_s=30.0)
+    assert index.predictions.due(129.9) is False and index.predictions.due(130.0) is True
+    assert index.match(keys(), now=129.9) == {"a": 10}
+    assert index.match(keys(), now=130.0) == {}
+    assert not index.predictions.held and index.num_blocks() == 0
+    index.predictions.release(1, now=131.0)  # released late (an answer after the backstop): nothing comes back
+    assert index.match(keys(), now=131.1) == {}
+
+
 def test_prediction_does_not_shadow_real_removal():
     index = make_index(ttl=1.0)
     index.apply("a", [stored(PROMPT, BS, num_blocks=4)])

@@ -66,8 +66,8 @@ class SimConfig:
     """The replicas' engine section; a simulated replica reads its block_size, max_num_batched_tokens and
     max_num_seqs (``sim_engine``)."""
     router: RouterConfig = field(default_factory=RouterConfig)
-    """The router's section; the simulated router reads predict_ttl_s, its sessions and transfers sections
-    (pd_min_uncached_tokens, pd_max_prefill_backlog_tokens, pd_ttft_slack_s, pd_stall_weight,
+    """The router's section; the simulated router reads predict_ttl_s, predict_hold_s, its sessions and transfers
+    sections (pd_min_uncached_tokens, pd_max_prefill_backlog_tokens, pd_ttft_slack_s, pd_stall_weight,
     peer_pull_overhead_s); its block size is the engine's, its policy the one compared."""
     blocks_per_replica: int | None = None
     """KV blocks per replica (the null block comes on top). None: ``capacity_fraction`` of the

@@ -225,6 +225,7 @@ class SimRouter:
                                         output_tokens=r.max_output_tokens)
             if decision is not None:  # the router learns its correction from the TTFT it observes
                 self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
+                self.routers[r.router_index].release_prediction(decision, now=r.first_token_s)
 
     def on_prefill_done(self, pid: str, leg: SimRequest) -> None:
         """A prefill leg answered (its one token): the prefill replica's load drops."""
