@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -243,6 +244,8 @@ class RouterConfig:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 1, or 0 for auto; got {self.workers}")
+        if not 0 <= self.predict_hold_s < math.inf:  # held forever, a request that never answered would leak
+            raise ValueError(f"predict_hold_s must be finite seconds >= 0 (0: off), got {self.predict_hold_s}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
         if self.admin_key is not None and self.admin_key == self.api_key:

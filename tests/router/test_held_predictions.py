@@ -83,3 +83,9 @@ def test_live_a_request_sharing_a_prompt_still_computed_goes_to_its_holder_only_
     same = one.headers["x-kvmesh-replica"] == two.headers["x-kvmesh-replica"]
     assert same == (hold_s > 0), (one.headers, two.headers)
     assert not router.runtime.router.index.predictions.held  # both answered: released
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
+def test_a_hold_that_is_negative_endless_or_not_a_number_is_refused(bad):
+    with pytest.raises(ValueError, match="predict_hold_s must be finite seconds >= 0"):
+        RouterConfig(predict_hold_s=bad)
