@@ -42,7 +42,8 @@ def simulate(args: argparse.Namespace, work: Path, replica_of: dict[str, str] | 
                     "--workload", args.workload, "--speedup", f"{args.speedup:g}",
                     "--num-requests", str(args.num_requests), "--max-prompt-tokens", str(args.max_prompt_tokens),
                     "--max-tokens", str(args.max_tokens), "--policy", args.policy, "--seed", str(args.seed),
-                    "--capacity-fraction", f"{args.capacity_fraction:g}", *placed, "--out", str(out)], check=True)
+                    "--capacity-fraction", f"{args.capacity_fraction:g}",
+                    "--predict-hold-s", f"{args.predict_hold_s:g}", *placed, "--out", str(out)], check=True)
     return json.loads(out.read_text())
 
 
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the fleet's KV blocks as a share of the requests' distinct blocks (the simulator admits a "
                          "request only with room for its whole output, the engine allocates as it goes: with room "
                          "to spare they schedule alike)")
+    ap.add_argument("--predict-hold-s", type=float, default=0.0,
+                    help="the router's predict_hold_s in the GPU's time, live and in the simulator (0: off)")
     ap.add_argument("--out", default="results/emulated_fleet.json")
     ap.add_argument("--work", default=None, help="keep the profile, the logs and the load's per-request file here")
     args = ap.parse_args(argv)
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[emulated_fleet] sim: cached {sim['cached_share']:.3f}, TTFT mean {sim['ttft_s']['mean']:.3f} s",
               flush=True)
         settings = LiveSettings(args.replicas, args.num_requests, args.max_prompt_tokens, args.max_tokens,
-                                args.dilation, args.policy, work, args.workload, args.speedup)
+                                args.dilation, args.policy, work, args.workload, args.speedup, args.predict_hold_s)
         live = run_live(settings, sim)
         replayed = simulate(args, work, live_placements(live))
     result = {"bench": "emulated_fleet", "command": "kvmesh bench emulated_fleet " + " ".join(argv or sys.argv[3:]),

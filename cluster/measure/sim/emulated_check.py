@@ -37,18 +37,20 @@ def requests(num_requests: int, max_prompt_tokens: int, max_tokens: int, workloa
 
 
 def simulate(records: list, replicas: int, policy: str, seed: int, capacity_fraction: float,
-             speedup: float = 1.0, replica_of: dict[str, str] | None = None) -> dict:
+             speedup: float = 1.0, replica_of: dict[str, str] | None = None, predict_hold_s: float = 0.0) -> dict:
     """``kvmesh sim``'s run of ``policy`` on the miniature of ``records`` sent ``speedup`` times as fast as their
     times say: its shares, TTFTs and the fleet it used. ``replica_of`` (request id -> a live run's replica): every
-    request placed as the live run placed it instead (sim/placement_replay.py)."""
+    request placed as the live run placed it instead (sim/placement_replay.py). ``predict_hold_s``: the router's."""
     from kvmesh.cluster.measure.sim.config import SimConfig, miniature
     from kvmesh.cluster.measure.sim.loop import run_policy
     from kvmesh.cluster.measure.sim.placement_replay import PlacementReplay, placements
     from kvmesh.cluster.measure.sim.report import summarize
     from kvmesh.cluster.measure.sim.request import requests_from_mooncake
     from kvmesh.cluster.measure.sim.run import BlockTokenCache, blocks_per_replica
+    from kvmesh.router.config import RouterConfig
 
-    config = miniature(SimConfig(num_replicas=replicas, seed=seed, capacity_fraction=capacity_fraction), MINIATURE)
+    config = miniature(SimConfig(num_replicas=replicas, seed=seed, capacity_fraction=capacity_fraction,
+                                 router=RouterConfig(predict_hold_s=predict_hold_s)), MINIATURE)
     block = config.engine.block_size  # a replica holds at least two of the largest requests
     largest = max(-(-(r.num_prompt_tokens + r.max_output_tokens) // block)
                   for r in requests_from_mooncake(records, 1.0, block))
@@ -84,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-fraction", type=float, default=1.0)
     ap.add_argument("--placements", default=None,
                     help="a JSON file of request id -> the replica a live run sent it to: place every request so")
+    ap.add_argument("--predict-hold-s", type=float, default=0.0, help="the router's predict_hold_s (0: off)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     records = requests(args.num_requests, args.max_prompt_tokens, args.max_tokens, args.workload)
     replica_of = json.loads(Path(args.placements).read_text()) if args.placements else None
     result = simulate(records, args.replicas, args.policy, args.seed, args.capacity_fraction, args.speedup,
-                      replica_of)
+                      replica_of, args.predict_hold_s)
     Path(args.out).write_text(json.dumps(result))
     return 0
 

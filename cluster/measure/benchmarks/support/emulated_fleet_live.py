@@ -36,6 +36,8 @@ class LiveSettings:
     """The trace workload replayed (``kvmesh bench load``'s)."""
     speedup: float = 1.0
     """Its records sent this many times as fast as their times say, in the GPU's time."""
+    predict_hold_s: float = 0.0
+    """The router's ``predict_hold_s`` in the GPU's time (0: the default, off)."""
 
 
 def kvmesh(*args: str) -> list[str]:
@@ -65,7 +67,7 @@ def start_fleet(s: LiveSettings, sim: dict, procs: list[subprocess.Popen]) -> li
     return ends
 
 
-def dilated_router_flags(dilation: float) -> list[str]:
+def dilated_router_flags(dilation: float, predict_hold_s: float = 0.0) -> list[str]:
     """The router's own clocks stretched as the fleet's steps are (``--emulate-time-dilation``): a routed request's
     blocks count as cached until its events can confirm them, and a request leaves the router's queue for a replica
     whose predicted wait is within the admission bound, both in the GPUs' time, not in the slower fleet's. Left as
@@ -73,7 +75,8 @@ def dilated_router_flags(dilation: float) -> list[str]:
     computed is forgotten before its blocks are stored."""
     defaults = RouterConfig()
     return ["--predict-ttl-s", f"{defaults.predict_ttl_s * dilation:g}",
-            "--admission-admit-ttft-s", f"{defaults.admission.admit_ttft_s * dilation:g}"]
+            "--admission-admit-ttft-s", f"{defaults.admission.admit_ttft_s * dilation:g}",
+            "--predict-hold-s", f"{predict_hold_s * dilation:g}"]
 
 
 def start_router(s: LiveSettings, ends: list[dict], procs: list[subprocess.Popen]) -> str:
@@ -83,7 +86,8 @@ def start_router(s: LiveSettings, ends: list[dict], procs: list[subprocess.Popen
     log = (s.work / "router.log").open("w")
     procs.append(subprocess.Popen(kvmesh("router", "--model", str(stories_model()), "--port", str(port),
                                          "--max-model-len", str(MAX_MODEL_LEN), "--block-size", "16",
-                                         "--policy", s.policy, *dilated_router_flags(s.dilation), *replicas),
+                                         "--policy", s.policy, *dilated_router_flags(s.dilation, s.predict_hold_s),
+                                         *replicas),
                                   stdout=log, stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
     wait_http(url, timeout_s=READY_TIMEOUT_S, proc=procs[-1])
