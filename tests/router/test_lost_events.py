@@ -7,11 +7,15 @@ import time
 
 import zmq
 from kvmesh.events.codec import encode_batch
-from kvmesh.events.config import PublisherConfig, SubscriberConfig
+from kvmesh.events.config import PublisherConfig, PublisherSource, SubscriberConfig
 from kvmesh.events.publish.publisher import ZmqEventPublisher
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
+from kvmesh.router.control.event_feed import EventFeed
 from kvmesh.router.control.runtime import RouterRuntime
+from kvmesh.router.control.stream_watch import StreamWatch
+from kvmesh.router.http.metrics import RouterMetrics
+from kvmesh.router.routing.kv_router import KVRouter
 
 from ..events.events_testkit import DroppingSocket, OldVllmPublisher
 from .helpers import removed, stored
@@ -121,27 +125,27 @@ def test_a_publisher_gone_while_its_replica_serves_degrades_it_until_it_is_back(
 
 def test_batches_replayed_to_a_router_that_joined_late_are_not_lateness():
     """A router (re)started beside a vLLM replica (replay, no snapshots) replays its stream from seq 0: those batches
-    were published long ago and are applied now, which says nothing of how current the live stream is."""
+    were published long ago and are applied now, which says nothing of how current the live stream is. (The feed
+    alone: a router's HTTP probe of a replica that is not there would clear what the replay put in.)"""
     old = OldVllmPublisher()
     long_ago = time.time() - 300
     for i in range(3):
         old.publish(encode_batch(KVEventBatch(ts=long_ago + i, events=[stored(PROMPT, BS, start_block=i,
                                                                                 num_blocks=1)])), send=False)
-    runtime = RouterRuntime(RouterConfig(block_size=BS, upstream=UpstreamConfig(poll_interval_s=3600),
-                                         events=SubscriberConfig(max_lag_s=1.0)), [
-        ReplicaSpec("http://127.0.0.1:9", old.endpoint, old.replay_endpoint, replica_id="v")])
-    r = runtime.router
+    router = KVRouter(block_size=BS)
+    router.add_replica("v")
+    feed = EventFeed(router, RouterMetrics(), StreamWatch(1.0, router), SubscriberConfig(max_lag_s=1.0))
 
     async def scenario():
-        await runtime.start()
-        r.set_healthy(r.replicas.get("v"), True)
+        feed.start()
         try:
-            assert await wait_for(lambda: r.index.num_blocks("v") == 3, timeout=15)
-            assert r.degraded == {}, r.degraded
-            assert r.route(PROMPT).matched_blocks == 3
-            assert r.replicas.get("v").stream.lag_s is None  # no live batch yet: no lag to report
+            feed.subscriber.add_source(PublisherSource("v", old.endpoint, old.replay_endpoint))
+            assert await wait_for(lambda: router.index.num_blocks("v") == 3, timeout=15)
+            assert router.degraded == {}, router.degraded
+            assert router.route(PROMPT).matched_blocks == 3
+            assert router.replicas.get("v").stream.lag_s is None  # no live batch yet: no lag to report
         finally:
-            await runtime.stop()
+            await asyncio.to_thread(feed.close)
 
     try:
         asyncio.run(scenario())
