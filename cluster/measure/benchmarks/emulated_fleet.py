@@ -100,8 +100,9 @@ def table(results: list[dict]) -> str:
         c, s = r["comparison"], r["settings"]
         within, lp = c["within"], c["live_placements"]
         speed = f" x{s['speedup']:g}" if s.get("speedup", 1) != 1 else ""
+        hold = f", predictions held ({s['predict_hold_s']:g} s)" if s.get("predict_hold_s") else ""
         lines.append(
-            f"| {s.get('workload', 'mooncake')}{speed}, first {s['num_requests']} | "
+            f"| {s.get('workload', 'mooncake')}{speed}, first {s['num_requests']}{hold} | "
             f"{100 * r['sim']['cached_share']:.2f}% / {100 * r['live']['cached_share']:.2f}% "
             f"({c['cached_share_points']:+.2f} pt{'' if within['cached_share_1_point'] else ', outside 1 pt'}) | "
             f"{c['sim_ttft_mean_s']:.3f} s / {c['live_ttft_mean_s']:.3f} s "
