@@ -9,7 +9,7 @@ failures; it delivers batches in seq order and asks its owner for replays and sn
       ├──start (late joiner)──▶ SNAPSHOT ──answer──▶ deliver [AllBlocksCleared, *chains]; LIVE
       │                             │ unsupported (vLLM) / timeout
       │                             ▼
-      │                         give up: count, tell the consumer, resume from what arrives
+      │                         give up: count, tell the consumer, resume from what arrives (give_up.py)
       └──seq drop──▶ restart: the next delivered batch starts with AllBlocksCleared (unless a replay or
                      snapshot just delivered that seq: the socket's late copy, dropped; late_copies.py)
 
@@ -27,16 +27,15 @@ from collections.abc import Callable
 
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEventBatch
 from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
-from kvmesh.events.subscribe.health import SNAPSHOT_APPLIED, SNAPSHOT_FAILED, UNRECOVERED
+from kvmesh.events.subscribe.give_up import LIVE, REPLAY, SNAPSHOT, GivingUp
+from kvmesh.events.subscribe.health import SNAPSHOT_APPLIED
 from kvmesh.events.subscribe.late_copies import LateCopies
 from kvmesh.events.subscribe.pending import PendingBatches
 from kvmesh.events.subscribe.source_log import SourceLog
 from kvmesh.events.subscribe.stats import SourceStats
 
-LIVE, REPLAY, SNAPSHOT = "live", "replay", "snapshot"
 
-
-class SourceTracker:
+class SourceTracker(GivingUp):
     """Orders one publisher's batches and drives gap recovery (see the module picture)."""
 
     def __init__(self, name: str, deliver: BatchCallback, request: Callable[[str, str, int], None],
@@ -222,56 +221,7 @@ class SourceTracker:
         else:  # after the replay; or, if the snapshot request died with the old peer, once more
             self._resync_after = True
 
-    def on_request_failed(self, kind: str, reason: str, unsupported: bool = False) -> None:
-        """A replay/snapshot got no (usable) answer: timeout, or a source without snapshots."""
-        if self.mode != kind:
-            return
-        if kind == SNAPSHOT and self._resync_after:  # asked before a reconnect: ask again
-            self._resync_after = False
-            self._begin(SNAPSHOT)
-            return
-        if kind == SNAPSHOT:
-            self.stats.snapshot_failures += 1
-            self._snapshot_events = []
-            self._snapshot_failed = True
-            if unsupported:
-                self.snapshot_supported = False
-            self._notify(self.name, SNAPSHOT_FAILED, reason)
-            if self._joining:  # a vLLM source: the replay buffer may still reach back to seq 0
-                self._joining = False
-                self.last = -1
-                self._begin(REPLAY)
-                return
-            self._gave_up(reason)
-        elif self._probing:  # a probe is optional: carry on with what is waiting
-            self._probing = False
-            self.mode = LIVE
-            self._drain()
-        else:
-            self._probing = False
-            if self._snapshot_failed:  # this recovery already tried one: do not wait twice
-                self._gave_up(reason)
-            else:
-                self._begin(SNAPSHOT)
-
     # -- helpers --------------------------------------------------------------------------------
-    def _lost(self, reason: str) -> None:
-        self.stats.unrecovered += 1
-        self.log.lost(reason)
-        self._notify(self.name, UNRECOVERED, reason)
-
-    def _gave_up(self, reason: str) -> None:
-        """Accept the loss and resume from the oldest waiting batch (or the next to arrive)."""
-        self._lost(reason)
-        self._joining = self._snapshot_failed = False
-        self.mode = LIVE
-        if self.pending:
-            self.last = self.pending.first_seq() - 1
-            self._drain()
-        else:
-            self.last = None
-            self._accept_next = True
-
     def _drain(self) -> None:
         """Deliver waiting live batches, skipping those a replay or snapshot covered."""
         items = self.pending.take_all()

@@ -10,7 +10,8 @@ A match walks the request's keys AND-ing the masks while the set is non-empty, s
 counts a block only while the chain up to it is unbroken. The masks come in runs of equal values
 (``groupby``, in C); the AND changes only where a run starts, so Python touches each run once.
 When the compiled fast path is built (router/_native/fastpath.c) the same walk runs in C, with
-identical results; the Python walk stays as the fallback and for more than 64 replica slots.
+identical results; the Python walk stays as the fallback and for more than 64 replica slots. What a
+replica's BlockStored and BlockRemoved events do to its entry: router/routing/block_events.py.
 
 *Predicted* entries: when the router sends a request to a replica it credits that replica with the
 request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``predictions.predicted``),
@@ -28,21 +29,19 @@ tiers has no host slot at all. Every other medium ("GPU", None) is the engine's 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
-from operator import and_, or_
+from collections.abc import Mapping, Sequence
 
 from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.routing.block_events import BlockEvents
 from kvmesh.router.routing.index_stats import HostTierSlot, IndexStats, ReplicaBlocks, by_tier
-from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
-from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orphans
+from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher
 from kvmesh.router.routing.predictions import Predictions
 from kvmesh.router.routing.prefix_match import match_masks
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
-class PrefixIndex:
+class PrefixIndex(BlockEvents):
     """Per-replica cached blocks under router keys, matched against a request's keys."""
 
     def __init__(self, block_size: int = 16, hasher: RouterKeyHasher | None = None,
@@ -170,87 +169,6 @@ class PrefixIndex:
                 self.clear_replica(replica_id)
                 stats.clears += 1
             stats.events += 1
-
-    def _store(self, tree: ReplicaBlocks, event: BlockStored) -> None:
-        hashes = event.block_hashes
-        n = len(hashes)
-        if event.block_size != self.block_size or len(event.token_ids) != n * self.block_size:
-            self.stats.bad_block_size += n
-            return
-        ext_to_key = tree.ext_to_key
-        parent = event.parent_block_hash
-        extra = event.extra_keys
-        if extra is None and event.lora_name is not None:
-            from kvmesh.kvcache.hashing import block_extra_keys
-
-            extra = [block_extra_keys(1, None, event.lora_name)] * n
-        parent_key = self.hasher.seed if parent is None else ext_to_key.get(parent)
-        try:
-            if parent_key is None:  # parent evicted or its event missed: key the chain once it comes (orphans.py)
-                park_orphans(tree, parent, hashes, pack_tokens(event.token_ids), extra, self.block_size)
-                self.stats.orphan_blocks += n
-                return
-            keys = self.hasher.chain(event.token_ids, n, parent_key, extra)
-        except (ValueError, TypeError):  # a token id outside [0, 2**32): not from a real tokenizer
-            self.stats.bad_events += 1
-            return
-        self._insert(tree, hashes, keys)
-        self.stats.blocks_stored += n
-        if tree.orphans:
-            adopt_orphans(tree, hashes, self.hasher, self._insert)
-
-    def _insert(self, tree: ReplicaBlocks, hashes: Sequence, keys: list[int]) -> None:
-        ext_to_key = tree.ext_to_key
-        blocks, predicted = self._blocks, self.predictions.predicted
-        bit = tree.bit
-        if ext_to_key.keys().isdisjoint(hashes):  # the usual case, done with C-level bulk updates
-            masks = list(map(blocks.get, keys, repeat(0)))
-            if not any(map(and_, masks, repeat(bit))):
-                ext_to_key.update(zip(hashes, keys, strict=False))
-                blocks.update(zip(keys, map(or_, masks, repeat(bit)), strict=False))
-                return
-        for ext, key in zip(hashes, keys, strict=False):
-            if ext in ext_to_key:
-                tree.ext_dups[ext] = tree.ext_dups.get(ext, 0) + 1
-                continue
-            ext_to_key[ext] = key
-            mask = blocks.get(key, 0)
-            if not mask & bit:
-                blocks[key] = mask | bit
-            elif predicted and predicted.get(key, 0) & bit:
-                self.predictions.confirm(key, bit)
-            else:  # another external hash of this replica already maps to the key
-                tree.key_dups[key] = tree.key_dups.get(key, 0) + 1
-
-    def _remove(self, tree: ReplicaBlocks, hashes: Iterable) -> None:
-        ext_to_key, blocks = tree.ext_to_key, self._blocks
-        mask_off = ~tree.bit
-        for ext in hashes:
-            key = ext_to_key.get(ext)
-            if key is None:
-                if ext in tree.orphan_parent:
-                    self.stats.blocks_removed += 1
-                    drop_orphan(tree, ext)
-                else:
-                    self.stats.unknown_removals += 1
-                continue
-            self.stats.blocks_removed += 1
-            if tree.ext_dups and ext in tree.ext_dups:
-                tree.ext_dups[ext] -= 1
-                if not tree.ext_dups[ext]:
-                    del tree.ext_dups[ext]
-                continue
-            del ext_to_key[ext]
-            if tree.key_dups and key in tree.key_dups:
-                tree.key_dups[key] -= 1
-                if not tree.key_dups[key]:
-                    del tree.key_dups[key]
-                continue
-            mask = blocks.get(key, 0) & mask_off
-            if mask:
-                blocks[key] = mask
-            else:
-                blocks.pop(key, None)
 
     # ---------------------------------------------------------------- predictions
     @property
