@@ -5,6 +5,8 @@ resumed from the oldest waiting batch (or the next to arrive).
 
 from __future__ import annotations
 
+from kvmesh.events.schema import BlockStored
+from kvmesh.events.subscribe.consumer import StatusCallback
 from kvmesh.events.subscribe.health import SNAPSHOT_FAILED, UNRECOVERED
 from kvmesh.events.subscribe.pending import PendingBatches
 from kvmesh.events.subscribe.source_log import SourceLog
@@ -24,6 +26,19 @@ class GivingUp:
     pending: PendingBatches
     log: SourceLog
     snapshot_supported: bool | None
+    _notify: StatusCallback
+    _snapshot_events: list[BlockStored]
+    _joining: bool
+    _probing: bool
+    _resync_after: bool
+    _snapshot_failed: bool
+    _accept_next: bool
+
+    def _begin(self, kind: str | None) -> None:
+        raise NotImplementedError  # the tracker's: ask for a replay or a snapshot
+
+    def _drain(self) -> None:
+        raise NotImplementedError  # the tracker's: deliver the waiting batches that are in order
 
     def on_request_failed(self, kind: str, reason: str, unsupported: bool = False) -> None:
         """A replay/snapshot got no (usable) answer: timeout, or a source without snapshots."""
