@@ -95,3 +95,11 @@ def test_judge_cell_pairs_every_metric_of_every_rival():
     assert j["pairs"]["rival"]["hit_share"] == PASS and j["pairs"]["rival"]["ttft_mean"] == PASS
     # p99: the default's 4.0 against the rival's 4.84, 4.844, 4.848: about 17.4% faster, the rival never better
     assert j["pairs"]["rival"]["ttft_p99"] == PASS and j["verdict"] == PASS
+
+
+def test_a_rival_not_yet_run_on_every_seed_is_left_out_of_the_cell():
+    base = {"hit_share": 0.9, "ttft_mean": 1.0, "good_share": 0.8, "ttft_p50": 0.5, "ttft_p99": 4.0}
+    seeds = [_seed(base, base) for _ in range(3)]
+    seeds[0]["new"] = base | {"hit_share": 0.99}  # a refresh stopped after its first seed
+    j = judge_cell(seeds, "default")
+    assert list(j["pairs"]) == ["rival"] and j["seeds"] == 3

@@ -100,8 +100,9 @@ def cell_verdict(judged: dict[str, dict[str, str]]) -> str:
 
 def judge_cell(seeds: list[dict[str, dict[str, float]]], default: str) -> dict:
     """A cell's seeds (each {policy: {metric name: figure}}) -> the paired differences against every rival, each
-    pair's verdict, the rivals the default beats, and the cell's verdict."""
-    rivals = [name for name in seeds[0] if name != default]
+    pair's verdict, the rivals the default beats, and the cell's verdict. A rival is paired only where every seed ran
+    it: one being run again on a new formula (``--refresh``, seed by seed) is left out of the cell until it has."""
+    rivals = [name for name in seeds[0] if name != default and all(name in s for s in seeds)]
     diffs = {r: {m.name: paired(m, [s[default][m.name] for s in seeds], [s[r][m.name] for s in seeds])
                  for m in METRICS} for r in rivals}
     by_name = {m.name: m for m in METRICS}
