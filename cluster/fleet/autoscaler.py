@@ -4,8 +4,9 @@
         in flight (router's own count;  vs target_in_flight
           the replica's own when larger:
           routers on other hosts), plus the
-          requests the router's admission
-          holds (``waiting``)
+          requests every router's admission
+          holds (``waiting``: the owner's,
+          and each placed router's)
         queued prefill tokens (/load)   vs target_queued_prefill_tokens (0 = not used)
     desired = ceil(max(sum in flight / target_in_flight, sum prefill / target_prefill)), in [min, max]
 
@@ -57,12 +58,13 @@ class Decision:
 
 def desired_replicas(config: AutoscaleConfig, rows: list[dict], waiting: int = 0) -> tuple[int, str]:
     """Replicas the load wants, and why; ``rows`` are ``GET /replicas`` rows of serving replicas, ``waiting`` the
-    requests the router's admission holds (its ``waiting``): a router that queues what its replicas cannot start
-    soon keeps their in-flight counts at what they run, so without them a saturated fleet looks right-sized."""
+    requests the routers' admission holds (each router's ``waiting``, summed): a router that queues what its replicas
+    cannot start soon keeps their in-flight counts at what they run, so without them a saturated fleet looks
+    right-sized."""
     in_flight = sum(max(int(r.get("in_flight", 0)), int(r.get("running", 0))) for r in rows) + waiting
     prefill = sum(int(r.get("prefill_backlog", 0)) for r in rows)
     want = in_flight / config.target_in_flight
-    reason = f"{in_flight} in flight" + (f", {waiting} waiting in the router" if waiting else "") \
+    reason = f"{in_flight} in flight" + (f", {waiting} waiting in the routers" if waiting else "") \
         + f" (target {config.target_in_flight:g}/replica)"
     if config.target_queued_prefill_tokens:
         want = max(want, prefill / config.target_queued_prefill_tokens)
@@ -84,8 +86,8 @@ class Autoscaler:
         self._want_since: dict[str, float] = {}  # "up"/"down" -> when that wish began
 
     def observe(self, now: float, rows: list[dict], waiting: int = 0) -> Decision | None:
-        """One look at the router's replica rows (and the requests its admission holds); a decision when one is due
-        (then the timers restart)."""
+        """One look at the owner's replica rows (and the requests the routers' admission holds); a decision when one
+        is due (then the timers restart)."""
         serving = [r for r in rows if not r.get("draining")]
         current = len(serving)
         desired, reason = desired_replicas(self.config, serving, waiting)

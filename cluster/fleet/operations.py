@@ -78,7 +78,8 @@ class Fleet:
         if self.config.scale_with_load:
             from kvmesh.cluster.fleet.autoscale_loop import AutoscaleLoop
 
-            loop = AutoscaleLoop(self.config, self.st.router_client, self.st.router.runtime.metrics.registry)
+            placed = getattr(self.st.router, "placed_waiting", lambda: ())  # routers serve placed on Ray nodes
+            loop = AutoscaleLoop(self.config, self.st.router_client, self.st.router.runtime.metrics.registry, placed)
             self._threads.append(threading.Thread(target=loop.run, args=(self._stop, self.idle, self.serving_ids,
                                                   self.apply), name="kvmesh-autoscaler", daemon=True))
 

@@ -37,12 +37,15 @@ ROUTER_HEADER = b"x-kvmesh-router"
 
 class BoardFollower:
     """A placed router's link to the board: reads the replica set every ``FOLLOW_INTERVAL_S`` and makes its own
-    equal (a companion of its ``RouterServer``)."""
+    equal, and notes the requests its admission holds for the owner's autoscaler (a companion of its
+    ``RouterServer``, on the router's loop: the actor's calls come on another thread and read what it noted)."""
 
     def __init__(self, server: RouterServer, board, name: str) -> None:
         self.runtime, self.board, self.name = server.runtime, board, name
         self.healthy_seen = 0
         """Replicas this router routes to, as of the last read."""
+        self.waiting = 0
+        """Requests this router's admission holds that no replica has yet, as of the last turn."""
         self._task: asyncio.Task | None = None
         self._failing = False
 
@@ -61,6 +64,8 @@ class BoardFollower:
             await self.follow_once()
 
     async def follow_once(self) -> None:
+        admission = self.runtime.admission
+        self.waiting = 0 if admission is None else admission.admission.waiting()
         sync = self.runtime.sync
         try:
             raw = await asyncio.wrap_future(self.board.read.remote().future())
@@ -123,6 +128,11 @@ class NodeRouter:
     def healthy_seen(self) -> int:
         """Replicas this router routes to."""
         return self.follower.healthy_seen
+
+    def waiting(self) -> int:
+        """Requests this router's admission holds (its ``GET /replicas`` ``waiting``; the owner's autoscaler counts
+        them)."""
+        return self.follower.waiting
 
     def sync_counters(self) -> dict | None:
         """Its sync stream's counters (``RouterSync.counters``; None: sync off)."""

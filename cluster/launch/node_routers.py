@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.router_nodes import EVERY_NODE, RouterNodesConfig
 from kvmesh.cluster.launch.node_router import NodeRouter
@@ -30,12 +31,17 @@ from kvmesh.cluster.launch.supervisor import actor_state
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.router.config import RouterConfig
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
 logger = logging.getLogger(__name__)
 
 NODE_HOSTS = ("auto", "127.0.0.1", "::1", "localhost", "0.0.0.0", "::")
 """router.host values every node can bind (auto: each node's own address)."""
 ROUTER_NAME = "kvmesh-router-{index}"
 """A placed router's actor name in the cluster's Ray namespace."""
+WAITING_TIMEOUT_S = 1.0
+"""How long the autoscaler waits for the placed routers to say how many requests they hold."""
 
 
 def router_nodes(nodes: list[dict], routers: RouterNodesConfig, port: int, host: str = "auto") -> list[str]:
@@ -132,6 +138,12 @@ class NodeRouters(RouterProcesses):
                 last_note = now
                 self.report(f"waiting for {late} [{now - started:.0f}s of {timeout_s:g}s]")
 
+    def placed_waiting(self) -> list[PlacedWaiting]:
+        """Every placed router asked at once how many requests its admission holds (the autoscaler's
+        ``HoldsRequests``, cluster/fleet/autoscale_loop.py), each answer awaited ``WAITING_TIMEOUT_S`` from now."""
+        deadline = time.monotonic() + WAITING_TIMEOUT_S
+        return [PlacedWaiting(f"router-{i}", actor.waiting.remote(), deadline) for i, actor in enumerate(self.actors)]
+
     def wait_workers_see(self, replicas: int, timeout_s: float = 30.0) -> None:
         """Block until every placed router routes to ``replicas`` healthy replicas (TimeoutError after the
         longer of ``timeout_s`` and routers.router_ready_timeout_s)."""
@@ -158,6 +170,22 @@ class NodeRouters(RouterProcesses):
             ray.kill(self.board, no_restart=True)
         self.publisher, self.board = None, None
         self.control.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedWaiting:
+    """One placed router's answer to "how many requests does your admission hold", asked already."""
+
+    name: str
+    answer: ObjectRef[int]
+    """The Ray object its ``NodeRouter.waiting`` call returns."""
+    deadline: float
+    """``time.monotonic()`` past which ``waiting`` gives up (GetTimeoutError)."""
+
+    def waiting(self) -> int:
+        import ray
+
+        return int(ray.get(self.answer, timeout=max(0.0, self.deadline - time.monotonic())))
 
 
 def _warn_unshared_responses(config: RouterConfig, ray_nodes: list[dict], chosen: list[str]) -> None:
