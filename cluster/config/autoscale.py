@@ -17,8 +17,8 @@ class AutoscaleConfig:
     max_replicas: int = 4
     """Most replicas the autoscaler starts (and the embedded Ray instance is sized for)."""
     target_in_flight: float = 4.0
-    """Requests in flight per replica the autoscaler aims for (the router's own count, with those its admission
-    holds)."""
+    """Requests in flight per replica the autoscaler aims for (the router's own count, with those every router's
+    admission holds)."""
     target_queued_prefill_tokens: int = 0
     """Queued prefill tokens per replica it aims for (the replicas' /load); 0 = not used."""
     upscale_delay_s: float = 5.0
