@@ -190,7 +190,8 @@ class RouterConfig:
     predict_hold_s: float = 0.0
     """0: a routed request's blocks count as cached on its replica for predict_ttl_s from routing. > 0: until the
     replica sends the request's first bytes (its prompt computed) or the request leaves it, and predict_ttl_s after,
-    at most this many seconds unreleased: a long prompt still queued or computed is not forgotten half-way."""
+    at most this many seconds unreleased: a long prompt still queued or computed is not forgotten half-way. Routers
+    that sync hold each other's the same way (router/routing/peer_holds.py)."""
     events: SubscriberConfig = field(default_factory=SubscriberConfig)
     """The KV event feed (events/config.py): CURVE keys, the largest batch, snapshot and cache a replica may
     send, recovery timeouts and back-off, the lag before a replica is routed by load only. Its flags and variables

@@ -12,8 +12,9 @@ router/control/sync_wire.py) on a ZeroMQ PUB socket, and subscribes to the other
 A peer's booking counts on that replica until the replica's published load acknowledges it (the load's
 ``accepted`` names every router: router/replicas/bookings.py ``PeerBookings``) or ``BOOKING_MAX_AGE_S`` passes; its
 blocks count as held there for ``predict_ttl_s``, as the router's own predictions do, until the replica's events
-confirm them. Delivery is best-effort (a PUB drops what a slow subscriber cannot take): a lost choice costs only
-what the router would have decided without it.
+confirm them; with ``predict_hold_s`` they are held until the sending router says the replica answered
+(``release``, router/routing/peer_holds.py). Delivery is best-effort (a PUB drops what a slow subscriber cannot take):
+a lost choice costs only what the router would have decided without it (a lost release: its hold lasts the backstop).
 
 Each peer is read on this module's own thread within ``choices_per_s`` (a ``TokenBucket``: a flood waits in
 ZeroMQ's queue and then is dropped by the publisher's high-water mark); what it sends is decoded and checked
@@ -25,6 +26,7 @@ admitting only that key, and each SUB a client of it: a stranger neither reads t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -43,7 +45,8 @@ from kvmesh.router.control.sync_wire import (
     encode_choices,
     key_check,
 )
-from kvmesh.router.control.turns import turn_wait_s
+from kvmesh.router.control.turns import TakingTurns
+from kvmesh.router.routing.peer_holds import PeerHolds
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
@@ -62,7 +65,7 @@ _POLL_MS = 100
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
-class RouterSync:
+class RouterSync(TakingTurns):
     """Publishes ``router``'s choices and applies the other routers' (see the module doc). ``max_keys``: the most
     blocks one prompt has (a longer key list is refused)."""
 
@@ -77,6 +80,9 @@ class RouterSync:
         self._pub: zmq.Socket | None = None
         self._pub_lock = threading.Lock()
         self._seq = 0
+        self._holds = itertools.count(1)
+        self.peer_holds = PeerHolds(router)
+        """The other routers' held predictions in this router's index."""
         self.endpoint: str | None = None
         """Where this router publishes its choices (``config.bind`` with its port resolved); None: it publishes none."""
         self.published = 0
@@ -129,17 +135,29 @@ class RouterSync:
             self._pub = sock
         self._changed.set()  # follow config.peers
         self._thread.start()
-        self.router.choices_out = self.publish if self._pub is not None else None
+        publishing = self._pub is not None
+        self.router.choices_out = self.publish if publishing else None
+        self.router.holds_out = self.release if publishing else None
         return self
 
-    def publish(self, replica: Replica, booking: int, uncached_tokens: int, keys: list[int]) -> None:
-        """Tell the other routers of a request sent to ``replica`` (the router's loop; any thread may call)."""
+    def publish(self, replica: Replica, booking: int, uncached_tokens: int, keys: list[int],
+                held: bool = False) -> int:
+        """Tell the other routers of a request sent to ``replica`` (the router's loop; any thread may call); with
+        ``held`` (its prediction held: ``predict_hold_s``), the number ``release`` gives back, else 0."""
+        hold = next(self._holds) if held else 0
+        self._send(RouterChoice(replica.id, booking, uncached_tokens, keys, hold))
+        return hold
+
+    def release(self, replica: Replica, hold: int) -> None:
+        """Tell the other routers that the request ``publish`` numbered ``hold`` was answered, or left ``replica``."""
+        self._send(RouterChoice(replica.id, 0, 0, [], hold))
+
+    def _send(self, choice: RouterChoice) -> None:
         with self._pub_lock:
             if self._pub is None:
                 return
             self._seq += 1
-            frame = encode_choices(RouterChoices(self.router.loads.router_id, self._seq, self.key_check,
-                                                 [RouterChoice(replica.id, booking, uncached_tokens, keys)]))
+            frame = encode_choices(RouterChoices(self.router.loads.router_id, self._seq, self.key_check, [choice]))
             try:
                 self._pub.send_multipart((TOPIC, frame), _NOBLOCK)
                 self.published += 1
@@ -157,28 +175,6 @@ class RouterSync:
     def peers(self) -> tuple[str, ...]:
         return self._wanted
 
-    def turn_wait(self, now: float | None = None) -> float:
-        """Seconds a request that reached this router at ``now`` (the wall clock, which the routers' hosts share)
-        waits for its turn to decide (turns.py: its rank among its own and the followed endpoints, in their order;
-        within the first half of its turn it goes at once). 0 without turns, peers or a bound endpoint."""
-        me, wanted, turn_s = self.endpoint, self._wanted, self.config.turn_s
-        if me is None or not wanted or turn_s <= 0:
-            return 0.0
-        ring = sorted({me, *wanted})
-        return turn_wait_s(time.time() if now is None else now, turn_s, ring.index(me), len(ring), turn_s / 2)
-
-    async def take_turn(self) -> None:
-        """Wait for this router's turn to decide (``turn_wait``), counted; a timer that fires early (the event loop's
-        are to the millisecond) waits again for the rest, so the decision is not made in another router's turn."""
-        wait = self.turn_wait()
-        if wait <= 0:
-            return
-        self.turn_waits += 1
-        self.turn_wait_seconds += wait
-        start = time.time() + wait
-        while (left := start - time.time()) > 0:
-            await asyncio.sleep(left)
-
     def counters(self) -> dict[str, object]:
         """What the stream did: this router's choices sent and dropped, the others' applied and dropped, and per
         peer endpoint its counters (any thread)."""
@@ -192,7 +188,7 @@ class RouterSync:
         self._changed.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
-        self.router.choices_out = None
+        self.router.choices_out = self.router.holds_out = None
         with self._pub_lock:
             if self._pub is not None:
                 self._pub.close(linger=0)
@@ -279,7 +275,12 @@ class RouterSync:
                 continue
             if choice.booking:
                 router.loads.peer_booked(replica, router_id, choice.booking, choice.uncached_tokens, now)
-            if choice.keys and router_id != router.loads.router_id:
+            if router_id != router.loads.router_id and (choice.keys or choice.hold):
                 with router.lock:
-                    router.index.predict(replica.id, choice.keys, now=now)
+                    if not choice.keys:
+                        self.peer_holds.release(router_id, choice.hold, now)
+                    elif choice.hold:
+                        self.peer_holds.hold(router_id, choice.hold, replica.id, choice.keys, now)
+                    else:
+                        router.index.predict(replica.id, choice.keys, now=now)
             self.applied += 1

@@ -2,18 +2,22 @@
 
 One frame per message, msgpack of ``RouterChoices`` (arrays, as vLLM's event batches)::
 
-    RouterChoices [router_id, seq, key_check, [RouterChoice [replica_id, booking, uncached_tokens, keys], ...]]
+    RouterChoices [router_id, seq, key_check, [RouterChoice [replica_id, booking, uncached_tokens, keys, hold], ...]]
 
 ``booking`` is the number the sending router gave the request on that replica (router/replicas/bookings.py; 0: the
 replica publishes no load, so none was given), ``uncached_tokens`` what it counts as the request's prefill there,
 ``keys`` the router keys of the prompt's blocks (router/routing/keys.py), which it credited to that replica
-(router/routing/predictions.py). Routers that sync derive their key seed from the cluster's internal key
-(``key_seed``), so a key means the same block to each; ``key_check`` names the seed without revealing it, and a
-router whose seed differs uses the bookings and not the keys.
+(router/routing/predictions.py). ``hold`` (not 0) numbers a prediction the sending router holds until the replica's
+first bytes (``RouterConfig.predict_hold_s``): the others hold those keys too, and a later choice with the same
+``hold`` and no keys releases them (router/routing/peer_holds.py); a router of a version without ``hold`` reads the
+rest of the choice and ignores it (msgspec drops trailing array items a struct does not have). Routers that sync
+derive their key seed from the cluster's internal key (``key_seed``), so a key means the same block to each;
+``key_check`` names the seed without revealing it, and a router whose seed differs uses the bookings and not the keys.
 
 ``check`` refuses what no honest router sends (a ValueError naming the field): numbers out of range, more choices
 or keys than one request can carry, an empty id. What it passes can still lie, within bounds: a booking lasts until
-the replica's published load acknowledges it or ``BOOKING_MAX_AGE_S``, a prediction ``predict_ttl_s``.
+the replica's published load acknowledges it or ``BOOKING_MAX_AGE_S``, a prediction ``predict_ttl_s``, a held one
+the receiving router's ``predict_hold_s``.
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ _MAX_BOOKING = (1 << 53) - 1
 
 
 class RouterChoice(msgspec.Struct, array_like=True, frozen=True):
-    """One request a router sent to a replica."""
+    """One request a router sent to a replica, or (``hold`` without ``keys``) the release of a held one."""
 
     replica_id: str
     booking: int
     uncached_tokens: int
     keys: list[int]
+    hold: int = 0
+    """The sending router's number of this held prediction (0: a plain one)."""
 
 
 class RouterChoices(msgspec.Struct, array_like=True, frozen=True):
@@ -86,6 +92,8 @@ def check(message: RouterChoices, max_keys: int) -> RouterChoices:
             raise ValueError(f"replica_id of {len(choice.replica_id)} characters (1 to {MAX_ID_CHARS})")
         if not 0 <= choice.booking <= _MAX_BOOKING:
             raise ValueError(f"booking {choice.booking} out of range")
+        if not 0 <= choice.hold <= _MAX_BOOKING:
+            raise ValueError(f"hold {choice.hold} out of range")
         if not 0 <= choice.uncached_tokens <= MAX_TOKENS:
             raise ValueError(f"uncached_tokens {choice.uncached_tokens} out of range (0 to {MAX_TOKENS})")
         if len(choice.keys) > max_keys:

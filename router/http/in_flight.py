@@ -38,6 +38,8 @@ class InFlight:
         """``on_first_output`` ran: the replica answered."""
         self.booking: int | None = None
         """Its booking number on a replica that publishes its load (router/replicas/bookings.py); None: none."""
+        self.hold = 0
+        """The number its held prediction goes by on the other routers (``predict_hold_s`` with sync; 0: none)."""
 
     def __enter__(self) -> InFlight:
         d = self.decision
@@ -45,7 +47,7 @@ class InFlight:
                                               sequences=d.sequences)
         tell = self.router.choices_out
         if tell is not None:  # the other routers count it too (router/control/router_sync.py)
-            tell(d.replica, self.booking or 0, d.uncached_tokens, d.keys)
+            self.hold = tell(d.replica, self.booking or 0, d.uncached_tokens, d.keys, self.router.predict_hold_s > 0)
         return self
 
     def headers(self) -> dict[str, str]:
@@ -60,7 +62,7 @@ class InFlight:
         d = self.decision
         self.loads.on_first_output(d.replica, d.uncached_tokens)
         self.had_output = True
-        self.router.release_prediction(d)  # its prompt is computed: its blocks are the replica's to confirm
+        self._release()  # its prompt is computed: its blocks are the replica's to confirm
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is not None or not self.had_output:  # else its answer finishes it
@@ -68,7 +70,14 @@ class InFlight:
             self.loads.on_finish(d.replica, d.uncached_tokens, had_output=self.had_output, sequences=d.sequences)
             if not self.had_output:
                 self.router.forget_pull(d)
-                self.router.release_prediction(d)
+                self._release()
+
+    def _release(self) -> None:
+        """Its held prediction lasts ``predict_ttl_s`` more, here and on the other routers."""
+        self.router.release_prediction(self.decision)
+        if self.hold and (tell := self.router.holds_out) is not None:
+            tell(self.decision.replica, self.hold)
+            self.hold = 0
 
 
 def reserved(loads: LoadTracker, replica: Replica) -> Reservation:

@@ -90,8 +90,12 @@ class KVRouter(Crediting, EventIntake, PullPlanning):
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
         self.events_applied = 0
         """Events applied from all replicas."""
-        self.choices_out: Callable[[Replica, int, int, list[int]], None] | None = None
-        """Tells the other routers of each request sent (router/control/router_sync.py); None: it syncs with none."""
+        self.choices_out: Callable[..., int] | None = None
+        """Tells the other routers of each request sent (router/control/router_sync.py ``publish``: its replica,
+        booking, uncached tokens, keys and whether its prediction is held; the hold's number); None: it syncs with
+        none."""
+        self.holds_out: Callable[[Replica, int], None] | None = None
+        """Tells them a held prediction's request was answered or left its replica (``RouterSync.release``)."""
         self.untrusted: set[Replica] = set()
         """The degraded replicas (``set_degraded``): their index matches are ignored."""
         self.replicas.on_added(lambda replica: self.index.add_replica(replica.id), locked=True)

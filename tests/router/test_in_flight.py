@@ -27,11 +27,13 @@ def _tracker() -> LoadTracker:
     return loads
 
 
-def _flight(loads: LoadTracker, choices_out=None) -> InFlight:
-    """An attempt on replica a of the router owning ``loads`` (``choices_out``: its sync stream's hook)."""
+def _flight(loads: LoadTracker, choices_out=None, holds_out=None, predict_hold_s: float = 0.0) -> InFlight:
+    """An attempt on replica a of the router owning ``loads`` (``choices_out``, ``holds_out``: its sync stream's
+    hooks)."""
     decision = SimpleNamespace(replica=loads.replicas.get("a"), uncached_tokens=48, pull=None, sequences=1,
                                keys=[11, 12, 13])
-    router = SimpleNamespace(loads=loads, forget_pull=lambda d: None, choices_out=choices_out, released=[])
+    router = SimpleNamespace(loads=loads, forget_pull=lambda d: None, choices_out=choices_out, holds_out=holds_out,
+                             predict_hold_s=predict_hold_s, released=[])
     router.release_prediction = router.released.append  # a held prediction: released at the answer or the end
     return InFlight(router, decision, len(PROMPT))
 
@@ -58,7 +60,24 @@ def test_a_router_that_syncs_tells_the_others_of_the_attempt_with_its_booking_an
         pass
     with _flight(loads, lambda replica, *choice: told.append((replica.id, *choice))):
         pass
-    assert told == [("a", 1, 48, [11, 12, 13]), ("a", 2, 48, [11, 12, 13])]
+    assert told == [("a", 1, 48, [11, 12, 13], False), ("a", 2, 48, [11, 12, 13], False)]
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_held_prediction_is_released_on_the_other_routers_once_at_the_answer_or_the_end(answered):
+    told: list[tuple] = []
+    released: list[tuple] = []
+
+    def publish(replica, *choice):
+        told.append(choice)
+        return 7  # the hold's number on the stream
+
+    with _flight(_tracker(), publish, lambda replica, hold: released.append((replica.id, hold)), 30.0) as flight:
+        assert told[0][-1] is True and released == []  # told as held
+        if answered:
+            flight.answered()
+            assert released == [("a", 7)]
+    assert released == [("a", 7)]  # answered or not, once
 
 
 def test_an_answered_attempt_is_handed_to_its_answer():

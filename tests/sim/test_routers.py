@@ -263,3 +263,28 @@ def test_taking_turns_routers_decide_one_after_another_each_told_the_earlier_one
 def test_turns_need_the_sync_stream_and_to_be_longer_than_its_lag(bad):
     with pytest.raises(ValueError, match="router_turn_s"):
         replace(CFG, num_routers=2, **bad)
+
+
+def test_synced_routers_hold_each_others_predictions_until_the_first_token():
+    """With ``predict_hold_s`` (router/routing/peer_holds.py) a choice that reached the other router holds there past
+    ``predict_ttl_s`` until the request's first token, then lasts the TTL, as over the live sync stream."""
+    from kvmesh.events.publish.load_ledger import LoadLedger
+
+    router = replace(CFG.router, predict_ttl_s=0.01, predict_hold_s=30.0)
+    sim = SimRouter("cache_aware", replace(CFG, num_routers=2, published_loads=True, router_sync=True,
+                                           sync_lag_s=0.001, router=router), [_Rep(i) for i in range(4)])
+    for rep in range(4):
+        sim.apply_load(str(rep), LoadLedger().update(0.0, 0.0, 0, 0, 0, 0.0), 0.0)
+    reqs = requests_from_mooncake(_trace(2), 1.0, 32, trace_block_tokens=32)
+    tokens = BlockTokenCache(32, 256)
+    for req, at in zip(reqs, (0.0, 0.002), strict=True):
+        req.all_token_ids = tokens.prompt(req.hash_ids, req.num_prompt_tokens)
+        req.arrival_s = at
+    rid = sim.route(reqs[0])
+    sim.route(reqs[1])  # router 1, after the lag: it has taken router 0's choice
+    keys, other = sim.routers[0].hasher.keys(reqs[0].all_token_ids), sim.routers[1]
+    assert other.index.match(keys, now=1.0)[rid] == len(keys)  # 100 TTLs later: held
+    reqs[0].first_token_s = 1.5
+    sim.on_first_tokens(rid, [reqs[0]])
+    assert other.index.match(keys, now=1.505)[rid] == len(keys)  # the TTL from the news (first token + lag)
+    assert other.index.match(keys, now=1.6).get(rid, 0) == 0

@@ -37,6 +37,7 @@ from kvmesh.kvcache.reuse import reusable_tokens
 from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.kv_placement import SPLIT_NO_ROOM, SPLIT_SLOWER, tokens_left_after_split
 from kvmesh.router.routing.load import LoadTracker
+from kvmesh.router.routing.peer_holds import PeerHolds
 from kvmesh.router.routing.policies import Policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -106,11 +107,13 @@ class SimRouter:
         """Requests long enough to split that stayed whole: no prefill replica had room."""
         self.splits_skipped_slower = 0
         """Requests long enough to split that stayed whole: the split was priced slower than the slack allows."""
-        self.synced: deque[tuple[float, int, str, int, int, list[int], str]] = deque()
+        self.synced: deque[tuple[float, int, str, int, int, list[int], str, str]] = deque()
         """``router_sync``: choices on their way to the other routers (when they land, the router that chose, its
-        replica, booking number, uncached tokens, keys, its router id), in the order they land."""
+        replica, booking number, uncached tokens, keys, its router id, the request's id), in the order they land."""
         self.decisions: dict[str, RouteDecision] = {}
         """Routed requests without a first token yet -> their decision (its predicted TTFT, learned from)."""
+        self.peer_holds = [PeerHolds(r) for r in self.routers]
+        """Per router, the others' predictions it holds (``predict_hold_s``) until their requests' first tokens."""
 
     def pick_router(self) -> int:
         """The router the next request reaches (round-robin, or drawn with ``router_spread=random``)."""
@@ -145,15 +148,15 @@ class SimRouter:
         self._dispatch(k, rid, req, now)
         if self.config.router_sync and req.booking is not None:
             self.synced.append((now + self.config.sync_lag_s, k, rid, req.booking[1], self._uncached(req),
-                                decision.keys, req.booking[0]))
+                                decision.keys, req.booking[0], req.request_id))
         self.decisions[req.request_id] = decision
         if session is not None and self.config.share_sessions:
             for other in self.routers:
                 other.sessions.pin(session, rid, now)
         if self.config.share_predictions:
-            for other in self.routers:
-                if other is not router:
-                    other.index.predict(rid, decision.keys, now=now)
+            for j in range(len(self.routers)):
+                if j != k:
+                    self._peer_predict(j, k, rid, decision.keys, now, req.request_id)
         if pid is None and decision.pull is not None:  # kept whole (short, no room, slower): the router's pull
             req.pull_from = decision.pull.holder.id
         if skipped == SPLIT_NO_ROOM:
@@ -166,11 +169,19 @@ class SimRouter:
         """The other routers take the choices that reached them by ``now`` (``router_sync``)."""
         synced = self.synced
         while synced and synced[0][0] <= now:
-            at, k, rid, number, uncached, keys, router_id = synced.popleft()
+            at, k, rid, number, uncached, keys, router_id, request_id = synced.popleft()
             for j, other in enumerate(self.routers):
                 if j != k and (replica := other.replicas.get(rid)) is not None:
                     other.loads.peer_booked(replica, router_id, number, uncached, at)
-                    other.index.predict(rid, keys, now=at)
+                    self._peer_predict(j, k, rid, keys, at, request_id)
+
+    def _peer_predict(self, j: int, k: int, rid: str, keys: list[int], at: float, request_id: str) -> None:
+        """Router ``j`` takes router ``k``'s prediction on ``rid``: held while the request has no first token (with
+        ``predict_hold_s``, router/routing/peer_holds.py), else for ``predict_ttl_s``."""
+        if request_id in self.decisions:
+            self.peer_holds[j].hold(str(k), request_id, rid, keys, at)
+        else:
+            self.routers[j].index.predict(rid, keys, now=at)
 
     def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> str | None:
         """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""
@@ -226,6 +237,10 @@ class SimRouter:
             if decision is not None:  # the router learns its correction from the TTFT it observes
                 self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
                 self.routers[r.router_index].release_prediction(decision, now=r.first_token_s)
+                if self.router.predict_hold_s > 0:  # and the others' holds, once the news reaches them
+                    lag = self.config.sync_lag_s if self.config.router_sync else 0.0
+                    for holds in self.peer_holds:  # its own router holds none of its own: a no-op there
+                        holds.release(str(r.router_index), r.request_id, r.first_token_s + lag)
 
     def on_prefill_done(self, pid: str, leg: SimRequest) -> None:
         """A prefill leg answered (its one token): the prefill replica's load drops."""
