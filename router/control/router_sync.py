@@ -280,7 +280,7 @@ class RouterSync(TakingTurns):
                     if not choice.keys:
                         self.peer_holds.release(router_id, choice.hold, now)
                     elif choice.hold:
-                        self.peer_holds.hold(router_id, choice.hold, replica.id, choice.keys, now)
+                        self.peer_holds.hold(router_id, choice.hold, replica, choice.keys, now)
                     else:
                         router.index.predict(replica.id, choice.keys, now=now)
             self.applied += 1

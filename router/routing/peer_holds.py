@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.kv_router import KVRouter
 
 MAX_PEER_HOLDS = 1 << 16
@@ -35,16 +36,16 @@ class PeerHolds:
     def __len__(self) -> int:
         return len(self._tickets)
 
-    def hold(self, router_id: str, number: int | str, replica_id: str, keys: Sequence[int], now: float) -> None:
-        """Router ``router_id`` sent a request with ``keys`` to ``replica_id`` and holds its prediction as ``number``
+    def hold(self, router_id: str, number: int | str, replica: Replica, keys: Sequence[int], now: float) -> None:
+        """Router ``router_id`` sent a request with ``keys`` to ``replica`` and holds its prediction as ``number``
         (its hold on the stream; the simulator's request id): hold it here too until ``release`` (a plain prediction
         where this router holds none). Under the router's lock."""
         router = self.router
         hold_s = router.predict_hold_s
         if hold_s <= 0:
-            router.index.predict(replica_id, keys, now=now)
+            router.index.predict(replica.id, keys, now=now)
             return
-        ticket = router.index.predict_held(replica_id, keys, now, 0, hold_s)
+        ticket = router.index.predict_held(replica.id, keys, now, 0, hold_s)
         if ticket is None:  # every block already held or predicted there
             return
         tickets = self._tickets

@@ -47,7 +47,7 @@ def _router(hold_s: float = HOLD_S):
 def test_a_peers_hold_lasts_until_its_release_then_the_ttl():
     router = _router()
     holds, keys = PeerHolds(router), _keys(router)
-    holds.hold("router-a", 1, "r1", keys, now=100.0)
+    holds.hold("router-a", 1, router.replicas.get("r1"), keys, now=100.0)
     assert router.index.match(keys, now=100.0 + 10 * TTL_S)["r1"] == len(keys)  # held past the TTL
     holds.release("router-a", 1, now=110.0)
     holds.release("router-a", 1, now=110.0)  # twice: harmless
@@ -59,7 +59,7 @@ def test_a_peers_hold_lasts_until_its_release_then_the_ttl():
 def test_a_router_without_a_hold_of_its_own_takes_a_peers_hold_as_a_plain_prediction():
     router = _router(hold_s=0.0)
     holds, keys = PeerHolds(router), _keys(router)
-    holds.hold("router-a", 1, "r1", keys, now=100.0)
+    holds.hold("router-a", 1, router.replicas.get("r1"), keys, now=100.0)
     assert router.index.match(keys, now=100.0)["r1"] == len(keys)
     assert router.index.match(keys, now=100.0 + 2 * TTL_S).get("r1", 0) == 0 and len(holds) == 0
 
@@ -69,7 +69,7 @@ def test_a_peer_that_never_releases_holds_at_most_its_bound_and_the_backstop():
     holds = PeerHolds(router, max_holds=4)
     prompts = [router.hasher.keys(list(range(1000 * i, 1000 * i + 64))) for i in range(6)]
     for number, keys in enumerate(prompts, 1):
-        holds.hold("liar", number, "r0", keys, now=100.0)
+        holds.hold("liar", number, router.replicas.get("r0"), keys, now=100.0)
     assert len(holds) == 4  # the two oldest released: they last the TTL
     late = 100.0 + 2 * TTL_S
     assert [router.index.match(keys, now=late).get("r0", 0) > 0 for keys in prompts] == [False] * 2 + [True] * 4

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MAX_ID_PARAMETERS = 28
+MAX_ID_PARAMETERS = 29
 """Functions of router/ taking a ``replica_id`` (the edges of ``ID_EDGES``): lower it when one goes."""
 MAX_ID_LOOKUPS = 10
 """Lookups of a record by id in router/ (``replica_lookups``): lower it when one goes."""
@@ -66,6 +66,7 @@ ID_EDGES = {
     "router/routing/index.py:PrefixIndex.clear_replica": "drops the id's blocks",
     "router/routing/index.py:PrefixIndex.apply": "event intake: a batch names its publisher by id",
     "router/routing/index.py:PrefixIndex.predict": "credits the id the decision chose (a key of its matches)",
+    "router/routing/index.py:PrefixIndex.predict_held": "predict, held until its request's first bytes",
     "router/routing/index.py:PrefixIndex.num_blocks": "admin and /replicas report blocks per id",
     "router/routing/index.py:PrefixIndex.cached_hashes": "admin: the hashes an id holds",
     # shared between router processes and routers: only an id means the same replica in each

@@ -115,7 +115,7 @@ def pinned_rates(live, monkeypatch):
     """Both replicas priced with the same injected rates: their reports keep everything but the measured rates
     (prefill rate pinned, decode step unmeasured), and no observed TTFT corrects a prediction."""
     from kvmesh.router.replicas.load import ReplicaLoad
-    from kvmesh.router.routing import kv_router
+    from kvmesh.router.routing import crediting
 
     report = ReplicaLoad.update_report
 
@@ -124,7 +124,7 @@ def pinned_rates(live, monkeypatch):
         self.prefill_tokens_per_s, self.decode_step = PINNED_PREFILL_TOKENS_PER_S, None
 
     monkeypatch.setattr(ReplicaLoad, "update_report", pinned)
-    monkeypatch.setattr(kv_router, "observe_ttft", lambda load, raw_s, actual_s: None)
+    monkeypatch.setattr(crediting, "observe_ttft", lambda load, raw_s, actual_s: None)
     core = live.runtime.router
     with core.lock:
         for load in core.loads.loads.values():

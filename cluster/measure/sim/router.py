@@ -178,8 +178,8 @@ class SimRouter:
     def _peer_predict(self, j: int, k: int, rid: str, keys: list[int], at: float, request_id: str) -> None:
         """Router ``j`` takes router ``k``'s prediction on ``rid``: held while the request has no first token (with
         ``predict_hold_s``, router/routing/peer_holds.py), else for ``predict_ttl_s``."""
-        if request_id in self.decisions:
-            self.peer_holds[j].hold(str(k), request_id, rid, keys, at)
+        if request_id in self.decisions and (replica := self.routers[j].replicas.get(rid)) is not None:
+            self.peer_holds[j].hold(str(k), request_id, replica, keys, at)
         else:
             self.routers[j].index.predict(rid, keys, now=at)
 
