@@ -208,7 +208,7 @@ def test_a_variant_runs_the_default_with_its_knob_on_the_stored_seeds_beside_the
         return {DEFAULT_POLICY: BASE | {"ttft_mean": 1.5}}, 2.0
 
     monkeypatch.setattr(matrix_seeds, "run_seed", fake_seed)
-    with pytest.raises(SystemExit, match="--policy-kwargs"):
+    with pytest.raises(SystemExit, match="--policy-kwargs or --router-kwargs"):
         variant_matrix(source, out, ["chatbot/2x/none"], [], seeds=None, niceness=0, timeout_s=1.0, budget_s=None)
     with pytest.raises(SystemExit, match="at least 2"):
         variant_matrix(source, out, ["chatbot/2x/none"], ["churn_clamp=4"], seeds=1, niceness=0, timeout_s=1.0,
@@ -245,8 +245,32 @@ def test_the_variant_flags_reach_the_runner(tmp_path, monkeypatch):
     monkeypatch.setattr(matrix_seeds, "variant_matrix", lambda source, out, keys, knobs, **kw: seen.update(
         source=source, out=out, keys=keys, knobs=knobs, **kw))
     policy_matrix.main(["--variant-of", "v.json", "--workloads", "chatbot,tool_agent", "--rates", "2x", "--kv", "none",
-                        "--policy-kwargs", "churn_clamp=4", "--seeds", "4", "--out", str(tmp_path / "o.json")])
+                        "--policy-kwargs", "churn_clamp=4", "--router-kwargs", "predict_hold_s=30", "--seeds", "4",
+                        "--out", str(tmp_path / "o.json")])
     assert seen["keys"] == ["chatbot/2x/none", "tool_agent/2x/none"] and seen["knobs"] == ["churn_clamp=4"]
+    assert seen["router_knobs"] == ["predict_hold_s=30"]
     assert seen["seeds"] == 4 and str(seen["source"]) == "v.json"
     with pytest.raises(SystemExit, match="name it with --out"):
         policy_matrix.main(["--variant-of", "v.json", "--policy-kwargs", "churn_clamp=4"])
+
+
+def test_a_router_field_varies_through_the_simulators_flag_of_its_name(tmp_path, monkeypatch):
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import router_flag, variant_matrix
+
+    assert router_flag("predict_hold_s=30") == "--predict-hold-s 30"
+    for bad in ("predict_hold_s", "=30", "predict_hold_s=", "a b=1"):
+        with pytest.raises(SystemExit, match="NAME=VALUE"):
+            router_flag(bad)
+    source, out = tmp_path / "verdict.json", tmp_path / "hold.json"
+    cell = _cell([1.2, 1.2]) | {"command": "kvmesh sim --workload mooncake --arrival-seed K --policies "
+                                           f"{DEFAULT_POLICY},dynamo --no-plot"}
+    source.write_text(json.dumps({"default": DEFAULT_POLICY, "policies": [DEFAULT_POLICY, "dynamo"],
+                                  "cells": {"mooncake/2x/none": cell}}))
+    ran = []
+    monkeypatch.setattr(matrix_seeds, "run_seed", lambda args, niceness, timeout_s: (
+        ran.append(args) or {DEFAULT_POLICY: BASE}, 1.0))
+    variant_matrix(source, out, ["mooncake/2x/none"], [], seeds=None, niceness=0, timeout_s=1.0, budget_s=None,
+                   router_knobs=["predict_hold_s=30"])
+    assert ran[0][-2:] == ["--predict-hold-s", "30"] and len(ran) == 2
+    assert table(json.loads(out.read_text()), 72).splitlines()[-1].endswith(
+        f"the default with router.predict_hold_s=30, on the seeds of {source}.")

@@ -10,6 +10,8 @@ every other policy's and its TTFT p50 and p99 at most theirs?
     kvmesh bench policy_matrix --refresh cache_aware_tokens --out results/policy_matrix_jitter_up.json   # a screen
     kvmesh bench policy_matrix --variant-of results/policy_verdict.json --workloads chatbot --rates 2x --kv none \
         --policy-kwargs churn_clamp=4 --out results/policy_variants/churn_clamp4.json   # a knob on stored seeds
+    kvmesh bench policy_matrix --variant-of results/policy_verdict.json --workloads mooncake --rates 2x --kv none \
+        --router-kwargs predict_hold_s=30 --out results/policy_variants/hold30.json     # a router field likewise
 
 With ``--seeds N`` each cell runs the whole trace (no miniature) once per arrival seed, N seeds and more while its
 verdict is undecided (support/matrix_seeds.py, support/paired_verdict.py: paired differences default - rival with
@@ -195,8 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy-kwargs", action="append", default=[], metavar="K=V",
                     help="with --seeds: a knob of the policies compared, each taking the ones it has (kvmesh sim's "
                          "--policy-kwargs; e.g. the default's ghost_weight=1); name another --out")
+    ap.add_argument("--router-kwargs", action="append", default=[], metavar="K=V",
+                    help="with --variant-of: a router field the variant changes, as kvmesh sim's flag of that name "
+                         "(predict_hold_s=30: --predict-hold-s 30)")
     ap.add_argument("--variant-of", default=None, metavar="FILE",
-                    help="run the default with --policy-kwargs on the seeds FILE (a --seeds results file) stores for "
+                    help="run the default with --policy-kwargs and --router-kwargs on the seeds FILE (a --seeds "
+                         "results file) stores for "
                          "the cells --workloads, --rates and --kv name (with --seeds N: the first N), beside FILE's "
                          "rivals, into --out")
     args = ap.parse_args(argv)
@@ -208,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         keys = [f"{w}/{rate}/{kv}" for rate in args.rates.split(",") for kv in args.kv.split(",")
                 for w in args.workloads.split(",")]
         return variant_matrix(Path(args.variant_of), Path(args.out), keys, args.policy_kwargs, seeds=args.seeds,
-                              niceness=args.nice, timeout_s=args.timeout_s, budget_s=args.budget_s)
+                              niceness=args.nice, timeout_s=args.timeout_s, budget_s=args.budget_s,
+                              router_knobs=args.router_kwargs)
     if args.refresh is not None:
         from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import refresh_matrix
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.paired_verdict import (
@@ -140,7 +141,7 @@ def table(data: dict, matrix_size: int) -> str:
     left = (f"{matrix_size - run - apart} of the matrix's {matrix_size} cells have no verdict yet ({running} of "
             "them running)." if run + apart < matrix_size else "every cell of the matrix has run its seeds.")
     if "variant_of" in data:  # variant_matrix: a knob's cells, not the matrix
-        left = f"the default with {' '.join(data['policy_kwargs'])}, on the seeds of {data['variant_of']}."
+        left = f"the default with {variant_words(data)}, on the seeds of {data['variant_of']}."
     line = f"{counts[PASS]} cells pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided (of {run} with their seeds"
     if apart:
         names = ", ".join(p for p in compared if p in lacking)
@@ -222,14 +223,16 @@ def refresh_matrix(out: Path, policies: list[str], *, niceness: int, timeout_s: 
 
 
 def variant_matrix(source: Path, out: Path, keys: list[str], knobs: list[str], *, seeds: int | None, niceness: int,
-                   timeout_s: float, budget_s: float | None) -> None:
-    """The default with ``knobs`` (``K=V`` each, ``kvmesh sim --policy-kwargs``) run on the stored seeds of
+                   timeout_s: float, budget_s: float | None, router_knobs: Sequence[str] = ()) -> None:
+    """The default with ``knobs`` (``K=V`` each, ``kvmesh sim --policy-kwargs``) and ``router_knobs`` (``K=V`` each, a
+    router field: kvmesh sim's flag of that name, ``predict_hold_s=30`` -> ``--predict-hold-s 30``) run on the stored
+    seeds of
     ``source``'s cells ``keys`` (the first ``seeds`` of each; None: all) and written to ``out`` beside the rivals'
     stored runs of those seeds, so ``kvmesh bench report`` judges the variant as the verdict judges the default. The
     minutes of a seed are the variant's run. Resumes; a finished ``out`` is left as it is."""
     if not out.exists():
-        if not knobs:
-            raise SystemExit("--variant-of runs the default with a knob: give --policy-kwargs K=V")
+        if not knobs and not router_knobs:
+            raise SystemExit("--variant-of runs the default with a knob: give --policy-kwargs or --router-kwargs K=V")
         if seeds is not None and seeds < 2:
             raise SystemExit(f"--seeds with --variant-of takes the first N stored seeds, at least 2; got {seeds}")
         src = json.loads(source.read_text())
@@ -237,7 +240,8 @@ def variant_matrix(source: Path, out: Path, keys: list[str], knobs: list[str], *
             raise SystemExit(f"{source} is mid-refresh in {', '.join(busy)}: finish it (--refresh) first")
         if missing := [k for k in keys if k not in src["cells"]]:
             raise SystemExit(f"{source} has no cell {', '.join(missing)} (it has {', '.join(src['cells'])})")
-        flags = "".join(f" --policy-kwargs {shlex.quote(kv)}" for kv in knobs)
+        flags = "".join(f" --policy-kwargs {shlex.quote(kv)}" for kv in knobs) + "".join(
+            f" {router_flag(kv)}" for kv in router_knobs)
         cells = {}
         for key in keys:
             kept = sorted(src["cells"][key]["seeds"], key=int)[:seeds]
@@ -246,12 +250,26 @@ def variant_matrix(source: Path, out: Path, keys: list[str], knobs: list[str], *
                           "refreshing": {"policies": [src["default"]], "seeds": []}}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"default": src["default"], "policies": src["policies"], "variant_of": str(source),
-                                   "policy_kwargs": knobs, "cells": cells}, indent=1) + "\n")
+                                   "policy_kwargs": knobs, "router_kwargs": list(router_knobs), "cells": cells},
+                                  indent=1) + "\n")
     data = json.loads(out.read_text())
     if not any("refreshing" in c for c in data["cells"].values()):
-        print(f"{out}: every seed has run with {' '.join(data['policy_kwargs'])}", flush=True)
+        print(f"{out}: every seed has run with {variant_words(data)}", flush=True)
         return
     refresh_matrix(out, [data["default"]], niceness=niceness, timeout_s=timeout_s, budget_s=budget_s)
+
+
+def router_flag(knob: str) -> str:
+    """``K=V`` of a router field -> kvmesh sim's flag for it (``predict_hold_s=30`` -> ``--predict-hold-s 30``)."""
+    name, sep, value = knob.partition("=")
+    if not sep or not name.isidentifier() or not value:
+        raise SystemExit(f"--router-kwargs takes NAME=VALUE (a router field), got {knob!r}")
+    return f"--{name.replace('_', '-')} {shlex.quote(value)}"
+
+
+def variant_words(data: dict) -> str:
+    """A variant file's knobs as the table says them: the policy's ``K=V``, then the router's ``router.K=V``."""
+    return " ".join([*data["policy_kwargs"], *(f"router.{kv}" for kv in data.get("router_kwargs", []))])
 
 
 def with_policies(command: str, policies: list[str]) -> str:
