@@ -77,8 +77,10 @@ class Fleet:
         self._metrics()
         if self.config.scale_with_load:
             from kvmesh.cluster.fleet.autoscale_loop import AutoscaleLoop
+            from kvmesh.cluster.launch.node_routers import NodeRouters
 
-            placed = getattr(self.st.router, "placed_waiting", lambda: ())  # routers serve placed on Ray nodes
+            router = self.st.router  # routers serve placed on Ray nodes hold requests of their own
+            placed = router.placed_waiting if isinstance(router, NodeRouters) else (lambda: ())
             loop = AutoscaleLoop(self.config, self.st.router_client, self.st.router.runtime.metrics.registry, placed)
             self._threads.append(threading.Thread(target=loop.run, args=(self._stop, self.idle, self.serving_ids,
                                                   self.apply), name="kvmesh-autoscaler", daemon=True))
