@@ -80,8 +80,8 @@ class Fleet:
             from kvmesh.cluster.launch.node_routers import NodeRouters
 
             router = self.st.router  # routers serve placed on Ray nodes hold requests of their own
-            placed = router.placed_waiting if isinstance(router, NodeRouters) else (lambda: ())
-            loop = AutoscaleLoop(self.config, self.st.router_client, self.st.router.runtime.metrics.registry, placed)
+            placed = router.ask_waiting if isinstance(router, NodeRouters) else (lambda: ())
+            loop = AutoscaleLoop(self.config, self.st.router_client, router.runtime.metrics.registry, placed)
             self._threads.append(threading.Thread(target=loop.run, args=(self._stop, self.idle, self.serving_ids,
                                                   self.apply), name="kvmesh-autoscaler", daemon=True))
 

@@ -138,7 +138,7 @@ class NodeRouters(RouterProcesses):
                 last_note = now
                 self.report(f"waiting for {late} [{now - started:.0f}s of {timeout_s:g}s]")
 
-    def placed_waiting(self) -> list[PlacedWaiting]:
+    def ask_waiting(self) -> list[PlacedWaiting]:
         """Every placed router asked at once how many requests its admission holds (the autoscaler's
         ``HoldsRequests``, cluster/fleet/autoscale_loop.py), each answer awaited ``WAITING_TIMEOUT_S`` from now."""
         deadline = time.monotonic() + WAITING_TIMEOUT_S

@@ -47,8 +47,8 @@ class TakingTurns:
 
     def turn_wait(self, now: float | None = None) -> float:
         """Seconds a request that reached this router at ``now`` (the wall clock, which the routers' hosts share)
-        waits for its turn to decide (turns.py: its rank among its own and the followed endpoints, in their order;
-        within the first half of its turn it goes at once). 0 without turns, peers or a bound endpoint."""
+        waits for its turn to decide (``turn_wait_s``: its rank among its own and the followed endpoints, in their
+        order; within the first half of its turn it goes at once). 0 without turns, peers or a bound endpoint."""
         me, wanted, turn_s = self.endpoint, self._wanted, self.config.turn_s
         if me is None or not wanted or turn_s <= 0:
             return 0.0

@@ -237,7 +237,7 @@ class SimRouter:
             if decision is not None:  # the router learns its correction from the TTFT it observes
                 self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
                 self.routers[r.router_index].release_prediction(decision, now=r.first_token_s)
-                if self.router.predict_hold_s > 0:  # and the others' holds, once the news reaches them
+                if self.router.predict_hold_s > 0 and len(self.routers) > 1:  # the others' holds, once told
                     lag = self.config.sync_lag_s if self.config.router_sync else 0.0
                     for holds in self.peer_holds:  # its own router holds none of its own: a no-op there
                         holds.release(str(r.router_index), r.request_id, r.first_token_s + lag)
