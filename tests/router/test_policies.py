@@ -249,3 +249,25 @@ def test_cache_aware_tokens_turnover_spread_outweighs_a_hit_of_three_quarters_of
     assert policy.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id != "r0"
     blind = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=0.0), block_size=BS)
     assert blind.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id == "r0"
+
+
+def test_cache_aware_tokens_queue_share_prices_a_holders_requests_against_the_fewest_anywhere():
+    """A holder of three quarters of the prompt with six requests in flight, each a cache hit with little left to
+    prefill (as where a replica's KV cache holds a request or two and the rest wait for its blocks): the default keeps
+    the request there; ``queue_share_weight`` adds its share of the prompt for the holder's requests against the
+    fewest on any candidate, and at 1 that outweighs the hit. Where every candidate has as many it adds nothing."""
+    base = CacheAwareTokensConfig(churn_weight=0.0)
+    fleet = loads(2, r0={"pending_prefill_tokens": 6 * 64, "in_flight": 6})
+    kept = 256 + 0.15 * 6 * 64 + 8 * 6
+    default = get_policy("cache_aware_tokens", base, block_size=BS)
+    assert default.costs(KEYS, {"r0": 48}, candidates(fleet)) == pytest.approx({"r0": kept, "r1": 1024})
+    assert default.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id == "r0"
+    half = get_policy("cache_aware_tokens", replace(base, queue_share_weight=0.5), block_size=BS)
+    assert half.costs(KEYS, {"r0": 48}, candidates(fleet)) == pytest.approx({"r0": kept + 512, "r1": 1024})
+    assert half.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id == "r0"
+    whole = get_policy("cache_aware_tokens", replace(base, queue_share_weight=1.0), block_size=BS)
+    assert whole.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id == "r1"
+    alike = loads(2, r0={"in_flight": 6}, r1={"in_flight": 6})
+    assert whole.costs(KEYS, {"r0": 48}, candidates(alike)) == default.costs(KEYS, {"r0": 48}, candidates(alike))
+    with pytest.raises(ValueError, match="queue_share_weight"):
+        CacheAwareTokensConfig(queue_share_weight=-1)

@@ -32,7 +32,8 @@ def _config(rng: random.Random) -> CacheAwareTokensConfig:
                                   backlog_release_tokens=rng.choice((math.inf, 100.0, 0.0)),
                                   decode_step_tokens=rng.choice((8192, 48, 7.5)),
                                   turnover_while_filling=rng.random() < 0.7, idle_turnover=rng.random() < 0.3,
-                                  busy_turnover=rng.random() < 0.7)
+                                  busy_turnover=rng.random() < 0.7,
+                                  queue_share_weight=rng.choice((0.0, 0.0, 0.15, 1.0)))
 
 
 def _idle(router, rng: random.Random) -> None:

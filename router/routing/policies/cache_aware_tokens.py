@@ -7,6 +7,7 @@ For each candidate replica ``r``, in prefill-token units::
     cost(r) = uncached(r) * turnover(r)            prompt tokens it would still compute (prompt - cached prefix)
             + backlog_w * prefill_backlog(r)       prompt tokens queued before ours
             + decode_weight * steps(r) * decode_load(r)   running requests slowing every step
+            + queue_share_weight * prompt * (decode_load(r) - min) / (max - min)   its requests against the others'
 
     steps(r) = max(1, (prefill_backlog(r) + uncached(r)) / decode_step_tokens)   steps until our first token
 
@@ -14,6 +15,9 @@ For each candidate replica ``r``, in prefill-token units::
                                                          clamped to [1 / churn_clamp, churn_clamp]
     g(r)        = max(evicting(r), busy)
     backlog_w   = backlog_weight + (filling_backlog_weight - backlog_weight) * (1 - mean evicting)
+
+``min`` and ``max``: the fewest and most requests queued or running (``decode_load``) on any candidate (the term is 0
+where they are equal, and off by default: ``CacheAwareTokensConfig.queue_share_weight``).
 
 ``evicting(r)``: the share of the blocks ``r`` stored lately that evicted one, from its KV events
 (``ReplicaLoad.evicting``, router/routing/evicting.py): 0 while its cache fills, about 1 once full. ``busy``: 1 while
@@ -177,6 +181,7 @@ class CacheAwareTokensPolicy(TokensCost):
         busy = self._busy(candidates, matches)
         cw, hi = c.churn_weight, c.churn_clamp
         lo, step = 1 / hi, c.decode_step_tokens
+        queue_low, per_request = self._queue_span(candidates, prompt)
         best_cost, best_uncached, costs = math.inf, 0.0, []
         for replica in candidates:
             load = replica.load
@@ -194,6 +199,8 @@ class CacheAwareTokensPolicy(TokensCost):
             cost += wb * backlog + w * (steps if steps > 1 else 1) * load.decode_load
             if backlog > release:
                 cost += (1 - wb) * (backlog - release)
+            if per_request:
+                cost += per_request * (load.decode_load - queue_low)
             costs.append(cost)
             if cost < best_cost:
                 best_cost, best_uncached = cost, uncached

@@ -46,6 +46,10 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
     release = c.backlog_release_tokens
     if release < math.inf:
         cost = np.where(backlog > release, cost + (1 - wb) * (backlog - release), cost)
+    if c.queue_share_weight:  # TokensCost._queue_span over these rows
+        low, high = float(decode.min()), float(decode.max())
+        if high > low:
+            cost = cost + c.queue_share_weight * prompt / (high - low) * (decode - low)
     first = int(np.argmin(cost))
     best = cost[first]
     return np.flatnonzero(cost <= best + share * uncached[first]).tolist()

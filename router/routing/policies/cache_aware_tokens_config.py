@@ -66,6 +66,13 @@ class CacheAwareTokensConfig(PolicyConfig):
     then evicts nothing, so a prompt's next request goes to its holder unless its queue costs more than recomputing
     the hit elsewhere (on the Mooncake trace at 2x it gave hits away while the fleet filled:
     docs/benchmarks/routing-against-peers.md)."""
+    queue_share_weight: float = 0.0
+    """Weight of a candidate's requests queued or running (``decode_load``) against the other candidates', as a share
+    of the request's prompt: it costs ``queue_share_weight * prompt * (n - n_min) / (n_max - n_min)`` more (n its
+    requests, n_min and n_max the fewest and most of any candidate; nothing where all are alike). Where a replica's
+    KV cache holds a request or two (the tool agents), a queued request waits for the running ones to end and free
+    their blocks, a wait its queued prefill tokens do not measure and its request count does (llm-d's queue scorer
+    normalises it so). 0 (the default): off; docs/benchmarks/routing-against-peers.md has its verdict."""
     churn_clamp: float = 2.0
     """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
     backlog_release_tokens: float = math.inf
@@ -87,7 +94,8 @@ class CacheAwareTokensConfig(PolicyConfig):
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
         for name in ("decode_weight", "backlog_weight", "near_share", "temperature", "session_slack_tokens",
-                     "churn_weight", "filling_backlog_weight", "backlog_release_tokens", "ghost_weight"):
+                     "churn_weight", "filling_backlog_weight", "backlog_release_tokens", "ghost_weight",
+                     "queue_share_weight"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")

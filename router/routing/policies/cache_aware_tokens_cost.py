@@ -54,7 +54,25 @@ class TokensCost(Policy):
             if churn:
                 uncached *= self._turnover(churn * load.recent_prefill, max(load.evicting, busy))
             out[replica.id] = uncached + self._backlog_cost(backlog, wb) + w * steps * load.decode_load
-        return out
+        return self._with_queue_share(out, prompt, candidates)
+
+    def _queue_span(self, candidates: Candidates, prompt: int) -> tuple[float, float]:
+        """``queue_share_weight``'s scale: the fewest requests queued or running on a candidate, and what each request
+        more costs (``queue_share_weight * prompt`` over the spread to the most; 0: off, or every candidate alike)."""
+        qw = self.config.queue_share_weight
+        if not qw:
+            return 0.0, 0.0
+        counts = [r.load.decode_load for r in candidates]
+        low, high = min(counts), max(counts)
+        return (low, qw * prompt / (high - low)) if high > low else (0.0, 0.0)
+
+    def _with_queue_share(self, costs: dict[str, float], prompt: int, candidates: Candidates) -> dict[str, float]:
+        """``costs`` with each candidate's ``queue_share_weight`` term added."""
+        low, per_request = self._queue_span(candidates, prompt)
+        if per_request:
+            for replica in candidates:
+                costs[replica.id] += per_request * (replica.load.decode_load - low)
+        return costs
 
     def _plans_pulls(self) -> bool:
         """Pulls are priced and the router plans them (``use_pulls``)."""
@@ -90,7 +108,7 @@ class TokensCost(Policy):
             if load.landing_pulls:  # computed ahead of each pull landing there: it waits through them
                 cost += load.landing_pulls * s.computed
             out[replica.id] = cost
-        return out
+        return self._with_queue_share(out, prompt, candidates)
 
     def _steps(self, prefill_tokens: float) -> float:
         """Engine steps until ``prefill_tokens`` (queued + this request's uncached) are computed, >= 1."""
