@@ -206,6 +206,16 @@ MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 
+def variant_gain_table(docs: list[dict], root: Path) -> str:
+    from kvmesh.cluster.measure.benchmarks.support.variant_gain import table
+
+    return table(docs, root)
+
+
+ROOTED_RENDERERS: dict[str, Callable[[list[dict], Path], str]] = {"variant_gain": variant_gain_table}
+"""Kinds whose results files name other results files, read from the checkout (FILE may be a pattern)."""
+
+
 def multi_router_table(result: dict) -> str:
     from kvmesh.cluster.measure.benchmarks.multi_router import table
 
@@ -257,18 +267,21 @@ def render(text: str, root: Path) -> tuple[str, list[str]]:
 
     def one(m: re.Match) -> str:
         head, kind, rel, body, tail = m.groups()
-        if kind in MANY_RENDERERS:
+        if kind in MANY_RENDERERS or kind in ROOTED_RENDERERS:
             paths = sorted(root.glob(rel))
             if not paths:
                 raise FileNotFoundError(f"{rel}: no results file of a generated table matches (run its command)")
-            table = MANY_RENDERERS[kind]([json.loads(p.read_text()) for p in paths]) + "\n"
+            docs = [json.loads(p.read_text()) for p in paths]
+            rendered = MANY_RENDERERS[kind](docs) if kind in MANY_RENDERERS else ROOTED_RENDERERS[kind](docs, root)
+            table = rendered + "\n"
         elif kind in RENDERERS:
             path = root / rel
             if not path.exists():
                 raise FileNotFoundError(f"{rel}: the results file of a generated table is missing (run its command)")
             table = RENDERERS[kind](json.loads(path.read_text())) + "\n"
         else:
-            raise ValueError(f"table kind {kind!r} unknown; known: {', '.join([*RENDERERS, *MANY_RENDERERS])}")
+            known = ", ".join([*RENDERERS, *MANY_RENDERERS, *ROOTED_RENDERERS])
+            raise ValueError(f"table kind {kind!r} unknown; known: {known}")
         if table != body:
             changed.append(f"{kind} {rel}")
         return head + table + tail

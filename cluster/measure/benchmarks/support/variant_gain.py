@@ -1,0 +1,52 @@
+"""A variant of the default against the default itself, cell by cell (``kvmesh bench report``'s ``variant_gain``
+tables): for each verdict metric, the paired difference variant - default over the arrival seeds both ran, with its
+95% interval, as the verdict pairs the default with a rival (support/paired_verdict.py). The variant's runs are its
+file's (``kvmesh bench policy_matrix --variant-of``); the default's are those of the file it names (``variant_of``),
+whose seeds it ran again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import variant_words
+from kvmesh.cluster.measure.benchmarks.support.paired_verdict import METRICS, Metric, Paired, paired
+
+
+def _mark(metric: Metric, p: Paired) -> str:
+    """The interval, in bold where it lies wholly beyond the verdict's margin on either side."""
+    text = p.describe(metric)
+    beyond = p.low > metric.margin or p.high < -metric.margin
+    return f"**{text}**" if beyond else text
+
+
+def rows(variant: dict, default: dict) -> list[str]:
+    """A row per cell of ``variant`` whose every seed ran (a cell mid-run is left out): its seeds, then variant -
+    default for each metric. Where a time's difference is negative the variant is faster; a share's positive, better."""
+    name, out = variant["default"], []
+    for key, cell in variant["cells"].items():
+        if "refreshing" in cell or len(cell["seeds"]) < 2:
+            continue
+        theirs = default["cells"][key]["seeds"]
+        seeds = sorted(cell["seeds"], key=int)
+        if missing := [k for k in seeds if k not in theirs]:
+            raise ValueError(f"{key}: seeds {', '.join(missing)} of the variant are not in {variant['variant_of']}")
+        figures = [_mark(m, paired(m, [cell["seeds"][k][name][m.name] for k in seeds],
+                                   [theirs[k][name][m.name] for k in seeds])) for m in METRICS]
+        out.append(f"| {key} | {len(seeds)} | " + " | ".join(figures) + " |")
+    return out
+
+
+def table(docs: list[dict], root: Path) -> str:
+    """The rows of every variant file in ``docs`` (its default's runs read from ``root / variant_of``), under one
+    header, then what each file varied."""
+    head = "| cell | seeds | " + " | ".join(m.label for m in METRICS) + " |"
+    out = [head, "|---" * (len(METRICS) + 2) + "|"]
+    words = []
+    for doc in docs:
+        default = json.loads((root / doc["variant_of"]).read_text())
+        out += rows(doc, default)
+        words.append(f"{variant_words(doc)} on {doc['variant_of']}")
+    return "\n".join(out) + ("\n\nVariant - default over the same arrival seeds (paired, 95% interval; points for "
+                             "shares, relative for times; in bold beyond the verdict's margin either way): the "
+                             "default with " + "; ".join(words) + ".")
