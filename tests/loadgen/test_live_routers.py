@@ -44,6 +44,9 @@ def test_kvmesh_router_is_fed_every_replicas_event_and_replay_sockets(tmp_path):
         "http://127.0.0.1:1,events=tcp://127.0.0.1:2,replay=tcp://127.0.0.1:3",
         "http://127.0.0.1:4,events=tcp://127.0.0.1:5"]
     assert router_command("kvmesh:round_robin", FLEET, tmp_path)[-2:] == ["--policy", "round_robin"]
+    knobbed = router_command("kvmesh:cache_aware_tokens@queue_share_weight=0.3@churn_clamp=3", FLEET, tmp_path)
+    assert knobbed[-5:] == ["--policy", "cache_aware_tokens", "--policy-kwargs", "queue_share_weight=0.3",
+                            "churn_clamp=3"]
 
 
 def test_peers_run_cache_aware_at_their_defaults_and_kv_aware_reads_the_events(tmp_path):
@@ -67,6 +70,10 @@ def test_a_missing_peer_or_an_unknown_router_is_named(tmp_path):
         router_command("sglang-router", FLEET, tmp_path)
     with pytest.raises(ValueError, match="--router must be one of .*; got 'nginx'"):
         router_command("nginx", FLEET, tmp_path)
+    with pytest.raises(ValueError, match="takes NAME=VALUE knobs; got 'queue_share_weight'"):
+        router_command("kvmesh:cache_aware_tokens@queue_share_weight", FLEET, tmp_path)
+    with pytest.raises(ValueError, match="names its policy before its knobs"):
+        router_command("kvmesh:@queue_share_weight=1", FLEET, tmp_path)
 
 
 def _row(rnd: int, router: str, hit: float, ttft: float) -> dict:

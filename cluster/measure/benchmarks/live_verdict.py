@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-kv-blocks", type=int, default=512, help="KV blocks per replica (16 tokens each)")
     ap.add_argument("--dilation", type=float, default=4.0, help="every step takes this many times its profile time")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--routers", default=DEFAULT_ROUTERS)
+    ap.add_argument("--routers", default=DEFAULT_ROUTERS,
+                    help=f"the arms, comma-separated (default: {DEFAULT_ROUTERS}; kvmesh:POLICY@K=V: kvmesh's router "
+                         "at a policy with a knob set)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers-dir", default=None, help="the peers' virtualenvs (default: ../peers)")
     ap.add_argument("--work", default=None, help="a folder for the profile and the fleet's log (default: a temporary)")

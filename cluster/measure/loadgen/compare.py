@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--settle", type=float, default=1.0, help="seconds to let a new router sync events")
     r = p.add_argument_group("routers as processes (instead of --policies)")
     r.add_argument("--router", action="append", default=[], metavar="NAME",
-                   help="kvmesh (its default policy), kvmesh:POLICY, vllm-router, vllm-router:kv_aware, sglang-router "
-                        "(repeatable; the peers' cache_aware at their CLI defaults)")
+                   help="kvmesh (its default policy), kvmesh:POLICY (kvmesh:POLICY@K=V: with a knob), vllm-router, "
+                        "vllm-router:kv_aware, sglang-router (repeatable; the peers' cache_aware at their CLI "
+                        "defaults)")
     r.add_argument("--launch-replicas", type=int, default=0, metavar="N",
                    help="start N `kvmesh replica`s of --router-model for the comparison (default: --replica)")
     r.add_argument("--replica-args", default="", help="more flags for the launched replicas, e.g. "

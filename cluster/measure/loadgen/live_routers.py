@@ -1,6 +1,7 @@
 """Routers as processes of their own in front of the same replicas: kvmesh's and the peers' (``--router NAME``).
 
-    kvmesh               ``kvmesh router`` at its default policy (``kvmesh:POLICY``: another), fed by the events
+    kvmesh               ``kvmesh router`` at its default policy (``kvmesh:POLICY``: another; ``kvmesh:POLICY@K=V@K=V``:
+                         with those ``--policy-kwargs``), fed by the events
     vllm-router          vllm-router ``cache_aware`` at its CLI defaults (a tree of the text it routed)
     vllm-router:kv_aware vllm-router ``kv_aware`` subscribed to the replicas' KV event and replay sockets
     sglang-router        sglang-router ``cache_aware`` at its CLI defaults
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[3]
 PEER_EXECUTABLES = {"vllm-router": "vllm-router", "sglang-router": "sglang-router"}
 """A peer's name -> its executable in its virtualenv."""
 ROUTER_NAMES = ("kvmesh", "vllm-router", "vllm-router:kv_aware", "vllm-router:round_robin", "sglang-router")
-"""The routers ``--router`` names (``kvmesh:POLICY`` names kvmesh's router at another policy)."""
+"""The routers ``--router`` names (``kvmesh:POLICY`` names kvmesh's router at another policy, ``kvmesh:POLICY@K=V``
+at that policy with a knob set, as ``--policy-kwargs K=V``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +64,22 @@ def find_peer(name: str, folder: Path) -> Path | None:
 
 def check_router_name(name: str) -> None:
     base, _, policy = name.partition(":")
-    if base == "kvmesh" or name in ROUTER_NAMES:
+    if base == "kvmesh":
+        _policy_flags(policy)
         return
-    raise ValueError(f"--router must be one of {', '.join(ROUTER_NAMES)} or kvmesh:POLICY; got {name!r}")
+    if name in ROUTER_NAMES:
+        return
+    raise ValueError(f"--router must be one of {', '.join(ROUTER_NAMES)} or kvmesh:POLICY[@K=V...]; got {name!r}")
+
+
+def _policy_flags(spec: str) -> list[str]:
+    """``POLICY@K=V@K=V`` (after ``kvmesh:``) as kvmesh router's flags; a ValueError naming a knob without ``=``."""
+    policy, *knobs = spec.split("@")
+    if knobs and not policy:
+        raise ValueError(f"kvmesh:POLICY@K=V names its policy before its knobs; got kvmesh:{spec}")
+    if bad := [k for k in knobs if not k.partition("=")[0] or not k.partition("=")[2]]:
+        raise ValueError(f"kvmesh:POLICY@K=V takes NAME=VALUE knobs; got {', '.join(map(repr, bad))}")
+    return (["--policy", policy] if policy else []) + (["--policy-kwargs", *knobs] if knobs else [])
 
 
 def router_command(name: str, fleet: LiveFleet, folder: Path) -> list[str]:
@@ -80,7 +95,7 @@ def router_command(name: str, fleet: LiveFleet, folder: Path) -> list[str]:
         for s in fleet.replicas:
             cmd += ["--replica", ",".join([s.url] + [f"{k}={v}" for k, v in (("events", s.events),
                                                                               ("replay", s.replay)) if v])]
-        return cmd + (["--policy", policy] if policy else [])
+        return cmd + _policy_flags(policy)
     exe = find_peer(base, folder)
     if exe is None:
         raise ValueError(f"{base} is not installed: no {folder}/*/bin/{PEER_EXECUTABLES[base]} "
