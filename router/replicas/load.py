@@ -194,6 +194,15 @@ class ReplicaLoad:
         return max(self.in_flight + self.peer_in_flight,
                    self.num_running + self.num_waiting + self.unacked_requests) + self.held_requests
 
+    @property
+    def prompt_per_kv_block(self) -> float:
+        """The mean prompt of this router's recent requests here, in tokens, over the blocks of the replica's KV
+        cache: times ``decode_load`` and over the block size, how many times over its requests would fill its cache
+        (0: no cache size reported, or no request sent yet)."""
+        if not self.num_kv_blocks or self.recent_requests <= 0:
+            return 0.0
+        return self.recent_prompt / self.recent_requests / self.num_kv_blocks
+
     def load_back_s(self, num_blocks: int) -> float:
         """Seconds to load ``num_blocks`` back from the host tier (0 when the replica reported no bandwidth)."""
         return copy_seconds(num_blocks, self.kv_block_bytes, self.h2d_bytes_per_s) or 0.0

@@ -251,13 +251,16 @@ def test_cache_aware_tokens_turnover_spread_outweighs_a_hit_of_three_quarters_of
     assert blind.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id == "r0"
 
 
-def test_cache_aware_tokens_queue_share_prices_a_holders_requests_against_the_fewest_anywhere():
+def test_cache_aware_tokens_queue_share_prices_a_holders_requests_where_they_overflow_its_cache():
     """A holder of three quarters of the prompt with six requests in flight, each a cache hit with little left to
-    prefill (as where a replica's KV cache holds a request or two and the rest wait for its blocks): the default keeps
-    the request there; ``queue_share_weight`` adds its share of the prompt for the holder's requests against the
-    fewest on any candidate, and at 1 that outweighs the hit. Where every candidate has as many it adds nothing."""
+    prefill, its KV cache 2,048 tokens against their 1,024-token prompts (the rest wait for its blocks, as where a
+    cache holds a request or two): the default keeps the request there; ``queue_share_weight`` adds its share of the
+    prompt for the holder's requests against the fewest on any candidate, times how far they overflow its cache (six
+    prompts in two prompts' room: three times over, clamped to 1), and at 1 that outweighs the hit. Where the cache
+    holds them all it adds nothing; where all candidates have as many, nothing either."""
     base = CacheAwareTokensConfig(churn_weight=0.0)
-    fleet = loads(2, r0={"pending_prefill_tokens": 6 * 64, "in_flight": 6})
+    held = {"pending_prefill_tokens": 6 * 64, "in_flight": 6, "recent_prompt": 6 * 1024.0, "recent_requests": 6.0}
+    fleet = loads(2, r0=held | {"num_kv_blocks": 128}, r1={"num_kv_blocks": 128})
     kept = 256 + 0.15 * 6 * 64 + 8 * 6
     default = get_policy("cache_aware_tokens", base, block_size=BS)
     assert default.costs(KEYS, {"r0": 48}, candidates(fleet)) == pytest.approx({"r0": kept, "r1": 1024})
@@ -267,7 +270,14 @@ def test_cache_aware_tokens_queue_share_prices_a_holders_requests_against_the_fe
     assert half.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id == "r0"
     whole = get_policy("cache_aware_tokens", replace(base, queue_share_weight=1.0), block_size=BS)
     assert whole.choose(KEYS, TierMatches({"r0": 48}), candidates(fleet)).id == "r1"
-    alike = loads(2, r0={"in_flight": 6}, r1={"in_flight": 6})
+    between = loads(2, r0=held | {"num_kv_blocks": 256})  # 6 x 1,024 in 4,096 tokens: overflow 0.5
+    assert whole.costs(KEYS, {"r0": 48}, candidates(between))["r0"] == pytest.approx(kept + 512)
+    roomy = loads(2, r0=held | {"num_kv_blocks": 8192})  # every request fits: a prefill queue, the backlog's
+    assert whole.costs(KEYS, {"r0": 48}, candidates(roomy)) == default.costs(KEYS, {"r0": 48}, candidates(roomy))
+    everywhere = get_policy("cache_aware_tokens", replace(base, queue_share_weight=1.0, queue_share_overflow=False),
+                            block_size=BS)
+    assert everywhere.costs(KEYS, {"r0": 48}, candidates(roomy))["r0"] == pytest.approx(kept + 1024)
+    alike = loads(2, r0=held | {"num_kv_blocks": 128}, r1=held | {"num_kv_blocks": 128})
     assert whole.costs(KEYS, {"r0": 48}, candidates(alike)) == default.costs(KEYS, {"r0": 48}, candidates(alike))
     with pytest.raises(ValueError, match="queue_share_weight"):
         CacheAwareTokensConfig(queue_share_weight=-1)

@@ -1,8 +1,8 @@
 """``cache_aware_tokens`` (the default) prices its candidates in one numpy pass over the load columns when the
 router hands it ``CandidateLoads``: its choices equal the one-by-one loop's over a plain dict, on randomized fleets
-(queued and pending prefill, other router workers' in-flight requests, churn, caches filling, full or between,
-backlogs past the release point, identical replicas that tie, idle replicas and idle fleets), and its costs are
-``costs()``'s."""
+(queued and pending prefill, other router workers' in-flight requests, churn, caches filling, full or between, caches
+their requests overflow or not, backlogs past the release point, identical replicas that tie, idle replicas and idle
+fleets), and its costs are ``costs()``'s."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def _config(rng: random.Random) -> CacheAwareTokensConfig:
                                   decode_step_tokens=rng.choice((8192, 48, 7.5)),
                                   turnover_while_filling=rng.random() < 0.7, idle_turnover=rng.random() < 0.3,
                                   busy_turnover=rng.random() < 0.7,
-                                  queue_share_weight=rng.choice((0.0, 0.0, 0.15, 1.0)))
+                                  queue_share_weight=rng.choice((0.0, 0.0, 0.15, 1.0)),
+                                  queue_share_overflow=rng.random() < 0.7)
 
 
 def _idle(router, rng: random.Random) -> None:
@@ -55,6 +56,12 @@ def _evicting(router, rng: random.Random) -> None:
         load.evicting = 0.0 if filling else rng.choice((0.0, 1.0, rng.random()))
 
 
+def _caches(router, rng: random.Random) -> None:
+    """Each replica's KV cache size as reported: none (0), a few blocks (its requests overflow it) or room."""
+    for load in router.loads.loads.values():
+        load.num_kv_blocks = rng.choice((0, 4, 64, 256, 4096))
+
+
 def test_the_columns_choose_what_the_loop_chooses_on_random_fleets():
     compared = 0
     for seed in range(300):
@@ -62,6 +69,7 @@ def test_the_columns_choose_what_the_loop_chooses_on_random_fleets():
         router, ids = random_router(rng)
         _idle(router, rng)
         _evicting(router, rng)
+        _caches(router, rng)
         config = _config(rng)
         fast, full = CacheAwareTokensPolicy(config, BS, seed), CacheAwareTokensPolicy(config, BS, seed)
         for _ in range(6):
@@ -87,6 +95,7 @@ def test_the_chosen_replica_is_the_cheapest_by_costs():
         rng = random.Random(seed)
         router, ids = random_router(rng)
         _evicting(router, rng)
+        _caches(router, rng)
         policy = CacheAwareTokensPolicy(_config(rng), BS, seed)
         prompt = rng.choice((5, 64, 600))
         device = {rid: rng.randint(0, prompt // BS) for rid in rng.sample(ids, rng.randint(0, len(ids)))}

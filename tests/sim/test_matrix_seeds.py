@@ -274,3 +274,23 @@ def test_a_router_field_varies_through_the_simulators_flag_of_its_name(tmp_path,
     assert ran[0][-2:] == ["--predict-hold-s", "30"] and len(ran) == 2
     assert table(json.loads(out.read_text()), 72).splitlines()[-1].endswith(
         f"the default with router.predict_hold_s=30, on the seeds of {source}.")
+
+
+def test_a_variant_runs_on_a_cell_a_refresh_finished_but_not_on_one_it_is_still_running(tmp_path, monkeypatch):
+    """A file mid-refresh (a rival run again on a new formula, cell by cell): a cell every seed of which has run the
+    new formula is whole and takes a variant; a cell part-way would pair the variant with two formulas at once."""
+    from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import variant_matrix
+
+    command = "kvmesh sim --workload chatbot --time-scale 0.5 --arrival-seed K --policies cache_aware_tokens --no-plot"
+    done = _cell([1.2, 1.2]) | {"command": command, "refreshing": {"policies": ["dynamo"], "seeds": ["0", "1"]}}
+    part = done | {"refreshing": {"policies": ["dynamo"], "seeds": ["0"]}}
+    source = tmp_path / "verdict.json"
+    source.write_text(json.dumps({"default": DEFAULT_POLICY, "policies": [DEFAULT_POLICY, "dynamo"],
+                                  "cells": {"chatbot/2x/none": done, "chatbot/3x/none": part}}))
+    monkeypatch.setattr(matrix_seeds, "run_seed", lambda args, niceness, timeout_s: ({DEFAULT_POLICY: BASE}, 1.0))
+    with pytest.raises(SystemExit, match="mid-refresh in chatbot/3x/none"):
+        variant_matrix(source, tmp_path / "a.json", ["chatbot/3x/none"], ["churn_clamp=4"], seeds=None, niceness=0,
+                       timeout_s=1.0, budget_s=None)
+    variant_matrix(source, tmp_path / "b.json", ["chatbot/2x/none"], ["churn_clamp=4"], seeds=None, niceness=0,
+                   timeout_s=1.0, budget_s=None)
+    assert list(json.loads((tmp_path / "b.json").read_text())["cells"]["chatbot/2x/none"]["seeds"]) == ["0", "1"]

@@ -91,6 +91,8 @@ class LoadColumns:
         """Prompt tokens this router sent to be computed there, decayed (``cache_aware_tokens``' churn)."""
         self.evicting = np.zeros(n, f8)
         """Share of its stores that evict (``ReplicaLoad.evicting``: how far its churn counts)."""
+        self.prompt_per_kv_block = np.zeros(n, f8)
+        """``ReplicaLoad.prompt_per_kv_block``: how far its requests fill its cache (``cache_aware_tokens``)."""
         self.kv_transfer, self.has_lora = np.zeros(n, bool), np.zeros(n, bool)
         self.everyone = np.ones(n, bool)
         """Every row (the mask of ``fleet`` over all replicas)."""
@@ -121,6 +123,7 @@ class LoadColumns:
          self.arrival[row], self.offset[row], self.scale[row]) = m[RATES:]
         self.recent_prefill[row] = load.recent_prefill
         self.evicting[row] = load.evicting
+        self.prompt_per_kv_block[row] = load.prompt_per_kv_block
         self.kv_transfer[row], self.has_lora[row] = load.kv_transfer_enabled, load.lora is not None
 
     def fleet(self, mask: np.ndarray, key: object = None) -> FleetRates:

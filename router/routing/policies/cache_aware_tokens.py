@@ -7,7 +7,8 @@ For each candidate replica ``r``, in prefill-token units::
     cost(r) = uncached(r) * turnover(r)            prompt tokens it would still compute (prompt - cached prefix)
             + backlog_w * prefill_backlog(r)       prompt tokens queued before ours
             + decode_weight * steps(r) * decode_load(r)   running requests slowing every step
-            + queue_share_weight * prompt * (decode_load(r) - min) / (max - min)   its requests against the others'
+            + queue_share_weight * prompt * (decode_load(r) - min) / (max - min) * overflow(r)
+                                                   its requests against the others', where they overflow its KV cache
 
     steps(r) = max(1, (prefill_backlog(r) + uncached(r)) / decode_step_tokens)   steps until our first token
 
@@ -17,7 +18,9 @@ For each candidate replica ``r``, in prefill-token units::
     backlog_w   = backlog_weight + (filling_backlog_weight - backlog_weight) * (1 - mean evicting)
 
 ``min`` and ``max``: the fewest and most requests queued or running (``decode_load``) on any candidate (the term is 0
-where they are equal, and off by default: ``CacheAwareTokensConfig.queue_share_weight``).
+where they are equal, and off by default: ``CacheAwareTokensConfig.queue_share_weight``); ``overflow(r)``:
+``decode_load(r)`` times their mean prompt over its KV cache's tokens, minus 1, clamped to [0, 1]
+(``queue_share_overflow``).
 
 ``evicting(r)``: the share of the blocks ``r`` stored lately that evicted one, from its KV events
 (``ReplicaLoad.evicting``, router/routing/evicting.py): 0 while its cache fills, about 1 once full. ``busy``: 1 while
@@ -200,7 +203,7 @@ class CacheAwareTokensPolicy(TokensCost):
             if backlog > release:
                 cost += (1 - wb) * (backlog - release)
             if per_request:
-                cost += per_request * (load.decode_load - queue_low)
+                cost += per_request * (load.decode_load - queue_low) * self._overflow(load)
             costs.append(cost)
             if cost < best_cost:
                 best_cost, best_uncached = cost, uncached

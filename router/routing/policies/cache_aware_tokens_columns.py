@@ -46,10 +46,13 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
     release = c.backlog_release_tokens
     if release < math.inf:
         cost = np.where(backlog > release, cost + (1 - wb) * (backlog - release), cost)
-    if c.queue_share_weight:  # TokensCost._queue_span over these rows
+    if c.queue_share_weight:  # TokensCost._queue_span and _overflow over these rows
         low, high = float(decode.min()), float(decode.max())
         if high > low:
-            cost = cost + c.queue_share_weight * prompt / (high - low) * (decode - low)
+            term = c.queue_share_weight * prompt / (high - low) * (decode - low)
+            if c.queue_share_overflow:
+                term = term * np.clip(decode * cols.prompt_per_kv_block[rows] / block_size - 1, 0.0, 1.0)
+            cost = cost + term
     first = int(np.argmin(cost))
     best = cost[first]
     return np.flatnonzero(cost <= best + share * uncached[first]).tolist()

@@ -68,11 +68,17 @@ class CacheAwareTokensConfig(PolicyConfig):
     docs/benchmarks/routing-against-peers.md)."""
     queue_share_weight: float = 0.0
     """Weight of a candidate's requests queued or running (``decode_load``) against the other candidates', as a share
-    of the request's prompt: it costs ``queue_share_weight * prompt * (n - n_min) / (n_max - n_min)`` more (n its
-    requests, n_min and n_max the fewest and most of any candidate; nothing where all are alike). Where a replica's
-    KV cache holds a request or two (the tool agents), a queued request waits for the running ones to end and free
-    their blocks, a wait its queued prefill tokens do not measure and its request count does (llm-d's queue scorer
-    normalises it so). 0 (the default): off; docs/benchmarks/routing-against-peers.md has its verdict."""
+    of the request's prompt: it costs ``queue_share_weight * prompt * (n - n_min) / (n_max - n_min) * overflow`` more
+    (n its requests, n_min and n_max the fewest and most of any candidate; nothing where all are alike). Where a
+    replica's KV cache holds only a request or two (the tool agents), a queued request waits for the running ones to
+    end and free their blocks, a wait its queued prefill tokens do not measure and its request count does (llm-d's
+    queue scorer normalises it so). 0 (the default): off; docs/benchmarks/routing-against-peers.md has its verdict."""
+    queue_share_overflow: bool = True
+    """Price ``queue_share_weight`` only as far as the candidate's requests overflow its KV cache: ``overflow = n x
+    their mean prompt / its cache's tokens - 1``, clamped to [0, 1] (the mean of this router's recent requests there,
+    the cache as its load reports ``num_kv_blocks``; 0 where it reports none), so the term is off where every
+    request fits and a wait is a prefill queue, which the backlog term prices. False: ``overflow`` is 1 everywhere (in
+    the simulator it then gave up hits where caches are large: docs/benchmarks/routing-against-peers.md)."""
     churn_clamp: float = 2.0
     """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
     backlog_release_tokens: float = math.inf

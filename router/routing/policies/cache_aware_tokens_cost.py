@@ -66,12 +66,20 @@ class TokensCost(Policy):
         low, high = min(counts), max(counts)
         return (low, qw * prompt / (high - low)) if high > low else (0.0, 0.0)
 
+    def _overflow(self, load) -> float:
+        """How far a replica's requests overflow its KV cache, in [0, 1] (``queue_share_overflow``; 1 without it)."""
+        if not self.config.queue_share_overflow:
+            return 1.0
+        over = load.decode_load * load.prompt_per_kv_block / self.block_size - 1
+        return 0.0 if over < 0 else 1.0 if over > 1 else over
+
     def _with_queue_share(self, costs: dict[str, float], prompt: int, candidates: Candidates) -> dict[str, float]:
         """``costs`` with each candidate's ``queue_share_weight`` term added."""
         low, per_request = self._queue_span(candidates, prompt)
         if per_request:
             for replica in candidates:
-                costs[replica.id] += per_request * (replica.load.decode_load - low)
+                load = replica.load
+                costs[replica.id] += per_request * (load.decode_load - low) * self._overflow(load)
         return costs
 
     def _plans_pulls(self) -> bool:

@@ -236,7 +236,7 @@ def variant_matrix(source: Path, out: Path, keys: list[str], knobs: list[str], *
         if seeds is not None and seeds < 2:
             raise SystemExit(f"--seeds with --variant-of takes the first N stored seeds, at least 2; got {seeds}")
         src = json.loads(source.read_text())
-        if busy := [k for k in keys if "refreshing" in src["cells"].get(k, {})]:
+        if busy := [k for k in keys if not refreshed(src["cells"].get(k, {}))]:
             raise SystemExit(f"{source} is mid-refresh in {', '.join(busy)}: finish it (--refresh) first")
         if missing := [k for k in keys if k not in src["cells"]]:
             raise SystemExit(f"{source} has no cell {', '.join(missing)} (it has {', '.join(src['cells'])})")
@@ -257,6 +257,13 @@ def variant_matrix(source: Path, out: Path, keys: list[str], knobs: list[str], *
         print(f"{out}: every seed has run with {variant_words(data)}", flush=True)
         return
     refresh_matrix(out, [data["default"]], niceness=niceness, timeout_s=timeout_s, budget_s=budget_s)
+
+
+def refreshed(cell: dict) -> bool:
+    """Whether every seed of ``cell`` has run the policies a refresh runs again (or none is being run again): its
+    rivals' figures are then all of one formula, though other cells of its file may still be mid-refresh."""
+    marker = cell.get("refreshing")
+    return marker is None or set(marker["seeds"]) == set(cell["seeds"])
 
 
 def router_flag(knob: str) -> str:
