@@ -21,9 +21,10 @@ def _mark(metric: Metric, p: Paired) -> str:
 
 
 def rows(variant: dict, default: dict) -> list[str]:
-    """A row per cell of ``variant`` whose every seed ran (a cell mid-run is left out): its seeds, then variant -
-    default for each metric. Where a time's difference is negative the variant is faster; a share's positive, better."""
-    name, out = variant["default"], []
+    """A row per cell of ``variant`` whose every seed ran (a cell mid-run is left out): its knobs, the cell, its seeds,
+    then variant - default for each metric. A time's difference negative: the variant is faster; a share's positive:
+    better."""
+    name, knobs, out = variant["default"], variant_words(variant), []
     for key, cell in variant["cells"].items():
         if "refreshing" in cell or len(cell["seeds"]) < 2:
             continue
@@ -33,20 +34,20 @@ def rows(variant: dict, default: dict) -> list[str]:
             raise ValueError(f"{key}: seeds {', '.join(missing)} of the variant are not in {variant['variant_of']}")
         figures = [_mark(m, paired(m, [cell["seeds"][k][name][m.name] for k in seeds],
                                    [theirs[k][name][m.name] for k in seeds])) for m in METRICS]
-        out.append(f"| {key} | {len(seeds)} | " + " | ".join(figures) + " |")
+        out.append(f"| {knobs} | {key} | {len(seeds)} | " + " | ".join(figures) + " |")
     return out
 
 
 def table(docs: list[dict], root: Path) -> str:
     """The rows of every variant file in ``docs`` (its default's runs read from ``root / variant_of``), under one
     header, then what each file varied."""
-    head = "| cell | seeds | " + " | ".join(m.label for m in METRICS) + " |"
-    out = [head, "|---" * (len(METRICS) + 2) + "|"]
-    words = []
+    head = "| the default with | cell | seeds | " + " | ".join(m.label for m in METRICS) + " |"
+    out = [head, "|---" * (len(METRICS) + 3) + "|"]
+    sources = []
     for doc in docs:
         default = json.loads((root / doc["variant_of"]).read_text())
         out += rows(doc, default)
-        words.append(f"{variant_words(doc)} on {doc['variant_of']}")
+        sources += [doc["variant_of"]] if doc["variant_of"] not in sources else []
     return "\n".join(out) + ("\n\nVariant - default over the same arrival seeds (paired, 95% interval; points for "
-                             "shares, relative for times; in bold beyond the verdict's margin either way): the "
-                             "default with " + "; ".join(words) + ".")
+                             "shares, relative for times; in bold beyond the verdict's margin either way); the "
+                             "default's runs from " + ", ".join(sources) + ".")
