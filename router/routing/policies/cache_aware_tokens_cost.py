@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.candidates import Candidates
 from kvmesh.router.routing.cost import FleetRates
 from kvmesh.router.routing.cost.estimate import adapter_s
@@ -66,7 +67,7 @@ class TokensCost(Policy):
         low, high = min(counts), max(counts)
         return (low, qw * prompt / (high - low)) if high > low else (0.0, 0.0)
 
-    def _overflow(self, load) -> float:
+    def _overflow(self, load: ReplicaLoad) -> float:
         """How far a replica's requests overflow its KV cache, in [0, 1] (``queue_share_overflow``; 1 without it)."""
         if not self.config.queue_share_overflow:
             return 1.0
