@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from kvmesh.cluster.measure.benchmarks.report import BLOCK, DOCS, main, render, sim_table
+from kvmesh.cluster.measure.benchmarks.report import BLOCK, DOCS, main, render
+from kvmesh.cluster.measure.benchmarks.report.kinds import sim_table
 from kvmesh.router.routing.policies import DEFAULT_POLICY
 
 ROOT = Path(__file__).resolve().parents[1]

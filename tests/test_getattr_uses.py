@@ -50,6 +50,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     # registries
     ("replica", "agent.py", "*"): (1, REGISTRY + " (KV transfer transports)"),
     ("replica", "backend.py", "*"): (1, REGISTRY + " (attention backends)"),
+    ("cluster", "kinds.py", "*"): (1, REGISTRY + " (the renderer of a generated table's kind)"),
     ("replica", "backend.py", "SUPPORTED_DEVICES"): (1, REGISTRY + ": a backend module's optional constant"),
     ("replica", "backend.py", "SUPPORTED_DTYPES"): (1, REGISTRY + ": a backend module's optional constant"),
     # third-party objects

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from kvmesh.cluster.measure.benchmarks.report import RENDERERS
+from kvmesh.cluster.measure.benchmarks.report.kinds import RENDERERS
 from kvmesh.cluster.measure.benchmarks.sync_lag import main
 
 pytestmark = pytest.mark.live

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from kvmesh.cluster.measure.benchmarks import policy_matrix
-from kvmesh.cluster.measure.benchmarks.report import matrix_noise_table, matrix_table
+from kvmesh.cluster.measure.benchmarks.report.kinds import matrix_noise_table, matrix_table
 from kvmesh.router.routing.policies import DEFAULT_POLICY
 
 RIVAL = "cache_aware"

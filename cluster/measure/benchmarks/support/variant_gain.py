@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.matrix_seeds import variant_words
-from kvmesh.cluster.measure.benchmarks.support.paired_verdict import METRICS, Metric, Paired, paired
+from kvmesh.cluster.measure.benchmarks.support.paired_verdict import FAIL, METRICS, Metric, Paired, beats, judge, paired
 
 
 def _mark(metric: Metric, p: Paired) -> str:
-    """The interval, in bold where it lies wholly beyond the verdict's margin on either side."""
+    """The interval, in bold where it lies wholly beyond the verdict's margin on either side (as the verdict judges a
+    rival better, or the default better than it)."""
     text = p.describe(metric)
-    beyond = p.low > metric.margin or p.high < -metric.margin
-    return f"**{text}**" if beyond else text
+    return f"**{text}**" if judge(metric, p) == FAIL or beats(metric, p) else text
 
 
 def rows(variant: dict, default: dict) -> list[str]:
