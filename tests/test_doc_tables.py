@@ -1,6 +1,6 @@
 """The tables of README.md, BENCHMARKS.md and docs/gpu-cluster.md are what ``kvmesh bench report`` generates from the
 results
-files named above them (cluster/measure/benchmarks/report.py): a figure typed by hand, or a results file re-run
+files named above them (cluster/measure/benchmarks/report/): a figure typed by hand, or a results file re-run
 without regenerating its table, fails here."""
 
 from __future__ import annotations
