@@ -64,6 +64,13 @@ class AdmissionConfig:
     """Waiters the queue looks at each time room may have changed: when the head must wait for its replica, the
     first one after it that the gate lets go and that goes to another replica (none a waiter ahead of it waits for)
     goes first, so a busy replica holds back only the requests routed to it. 1: strictly in order."""
+    hold_while_idle: bool = False
+    """Whether the gate holds a request for its busy replica (a predicted wait past ``admit_ttft_s``, or no free
+    slot) while another replica that serves it is idle (nothing in flight or waiting there). False: it holds none
+    then, the fleet has room; the request goes where its predicted TTFT is sooner, its busy replica's queue or the
+    idle replica the policy prefers among the idle ones (a policy that predicts none: the idle one). Waiting in the
+    router would add the time until room is seen, and hide the request from the prefix index meanwhile. True: it
+    waits for the replica the policy chose."""
     recheck_interval_s: float = 0.02
     """Seconds between looks at the replicas' room while requests wait (also woken by each request's end)."""
 

@@ -8,16 +8,18 @@ start it soon; it is shed at once (429) when it cannot be served in time or its 
             forwards it with the route that let it go (counted in the replica's load from that moment)
     answered: its output charged when it ends
 
-``pump(model)`` runs whenever room may have changed (an arrival, a request's end, every
-``recheck_interval_s`` while requests wait): it routes the queue's head (``ProxyRequest.route``: dispatch's
-call, without crediting the replica until it goes) and asks ``Admission.gate`` with the route's
-``predicted_ttft_s`` (the part spent waiting held to ``admit_ttft_s``) and whether the chosen replica has a free
-slot, or, unpriced, whether some candidate replica has one (router/admission/room.py); it goes on with the next
-head until one must wait. A head that must wait holds back only its replica: the next of the queue's ``lookahead``
-waiters routed elsewhere goes first; each that waits counts in its replica's load meanwhile (held_load.py). A client
-that leaves while waiting leaves the queue at once (its coroutine is cancelled); one whose deadline passes while
-waiting gets its 429 then, as does one whose place a tenant under its share of the full queue took
-(router/admission/queue_share.py). With no replica to route to, a request goes on (dispatch's 503, as without it).
+``pump(model)`` runs whenever room may have changed (an arrival, a request's end, every ``recheck_interval_s`` while
+requests wait): it routes the queue's head (``ProxyRequest.route``: dispatch's call, without crediting the replica
+until it goes) and asks ``Admission.gate`` with the route's ``predicted_ttft_s`` (the part spent waiting held to
+``admit_ttft_s``) and whether the chosen replica has a free slot, or, unpriced, whether some candidate replica has
+one (router/admission/room.py); a head held for a busy replica while another replica is idle is not held
+(``hold_while_idle`` off): it goes where its predicted TTFT is sooner, that replica or the idle one the policy
+prefers; it goes on with the next head until one must wait. A head that must wait holds back only its replica: the
+next of the queue's ``lookahead`` waiters routed elsewhere goes first; each that waits counts in its replica's load
+meanwhile (held_load.py). A client that leaves while waiting leaves the queue at once (its coroutine is cancelled);
+one whose deadline passes while waiting gets its 429 then, as does one whose place a tenant under its share of the
+full queue took (router/admission/queue_share.py). With no replica to route to, a request goes on (dispatch's 503,
+as without it).
 """
 
 from __future__ import annotations
@@ -258,6 +260,9 @@ class AdmissionGate:
         verdict = GO if decision is None else adm.gate(
             waiter, decision.predicted_ttft_s, room, now, idle=is_idle(chosen),
             predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
+        if verdict == WAIT and chosen is not None and (spare := self._while_idle(waiting, decision)) is not None:
+            decision, chosen = spare, spare.replica  # the fleet has room: nothing waits in the router
+            verdict = adm.gate(waiter, decision.predicted_ttft_s, True, now, idle=True)
         if verdict == WAIT:
             if chosen is not None:
                 self.held.hold(waiter.model, chosen, decision.uncached_tokens)
@@ -271,6 +276,25 @@ class AdmissionGate:
             self.router.commit(decision, waiting.request.session_id)
         adm.went(waiter, 0 if decision is None else decision.uncached_tokens, now)
         return decision
+
+    def _while_idle(self, waiting: Waiting, held: RouteDecision) -> RouteDecision | None:
+        """Where a waiter the gate would hold for its busy replica goes while another replica that serves it is idle
+        (``hold_while_idle`` off): ``held`` where its predicted TTFT is no later than on the idle replica the policy
+        prefers, else that one; None: it waits (held while idle, or no replica idle)."""
+        if self.config.hold_while_idle:
+            return None
+        busy = held.replica
+        idle = frozenset(r.id for r in self.router.replicas.candidates() if r is not busy and is_idle(r))
+        if not idle:
+            return None
+        try:
+            spare = waiting.request.route(self.router, [], commit=False, within=idle)
+        except NoReplicaError:  # none of them serves its model
+            return None
+        if held.predicted_ttft_s is not None and (spare.predicted_ttft_s is None
+                                                  or held.predicted_ttft_s <= spare.predicted_ttft_s):
+            return held
+        return spare
 
     def _answer_displaced(self, model: str, now: float) -> None:
         """Waiters that lost their place to a tenant under its share get their 429 (router/admission/queue_share.py)."""

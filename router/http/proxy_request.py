@@ -107,16 +107,19 @@ class ProxyRequest:
         request.route_ids, request.salt = route_ids, salt
         return request
 
-    def route(self, router: KVRouter, tried: list[str], commit: bool = True) -> RouteDecision:
-        """Where it goes, avoiding ``tried`` (NoReplicaError: nowhere): dispatch's call, and admission's for the
-        head of its queue (router/http/admission_gate.py: ``commit=False`` until it goes, ``KVRouter.route``)."""
+    def route(self, router: KVRouter, tried: list[str], commit: bool = True,
+              within: frozenset | None = None) -> RouteDecision:
+        """Where it goes, avoiding ``tried`` and among ``within`` when given (NoReplicaError: nowhere): dispatch's
+        call, and admission's for the head of its queue (router/http/admission_gate.py: ``commit=False`` until it
+        goes, ``within`` the idle replicas instead of a busy one; ``KVRouter.route``)."""
         pool = self.model_pool
         if pool is None:
             decision = router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id,
-                                    commit=commit)
+                                    commit=commit, pool=within)
         else:
             decision = router.route(self.route_ids, self.salt, pool.lora_name, exclude=tried,
-                                    session_id=self.session_id, pool=pool.replicas, commit=commit,
+                                    session_id=self.session_id,
+                                    pool=pool.replicas if within is None else pool.replicas & within, commit=commit,
                                     lora_identity=pool.lora_identity)
         decision.sequences = self.sequences()
         return decision

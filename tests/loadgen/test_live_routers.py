@@ -47,6 +47,9 @@ def test_kvmesh_router_is_fed_every_replicas_event_and_replay_sockets(tmp_path):
     knobbed = router_command("kvmesh:cache_aware_tokens@queue_share_weight=0.3@churn_clamp=3", FLEET, tmp_path)
     assert knobbed[-5:] == ["--policy", "cache_aware_tokens", "--policy-kwargs", "queue_share_weight=0.3",
                             "churn_clamp=3"]
+    flagged = router_command("kvmesh:cache_aware_tokens@backlog_weight=1@--no-admission-enabled", FLEET, tmp_path)
+    assert flagged[-5:] == ["--policy", "cache_aware_tokens", "--policy-kwargs", "backlog_weight=1",
+                            "--no-admission-enabled"]
 
 
 def test_peers_run_cache_aware_at_their_defaults_and_kv_aware_reads_the_events(tmp_path):
@@ -70,7 +73,7 @@ def test_a_missing_peer_or_an_unknown_router_is_named(tmp_path):
         router_command("sglang-router", FLEET, tmp_path)
     with pytest.raises(ValueError, match="--router must be one of .*; got 'nginx'"):
         router_command("nginx", FLEET, tmp_path)
-    with pytest.raises(ValueError, match="takes NAME=VALUE knobs; got 'queue_share_weight'"):
+    with pytest.raises(ValueError, match="takes NAME=VALUE knobs or --flags; got 'queue_share_weight'"):
         router_command("kvmesh:cache_aware_tokens@queue_share_weight", FLEET, tmp_path)
     with pytest.raises(ValueError, match="names its policy before its knobs"):
         router_command("kvmesh:@queue_share_weight=1", FLEET, tmp_path)

@@ -4,7 +4,9 @@ Admission lets a request go to its replica only when its wait there is short; un
 a replica's load counts only what was let go. Without the held requests in it, every request routed meanwhile saw the
 holder of a shared prefix as loaded as it was before the queue formed, chose it too and queued behind it unseen: on an
 emulated fleet the router held most of a trace for two replicas while fourteen idled. Counted, the queue in front of
-the holder costs what it will cost there, and a request goes elsewhere once recomputing its prompt is cheaper.
+the holder costs what it will cost there, and a request goes elsewhere once recomputing its prompt is cheaper. The
+router here holds requests while a replica is idle (``hold_while_idle``); by default it holds none then
+(test_admission_while_idle.py), and the holds counted here are those of a fleet with no room.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import threading
 
 import httpx
 import pytest
+from kvmesh.router.admission.config import AdmissionConfig
 
 from .conftest import wait_for
 
@@ -26,6 +29,10 @@ DELAY_S = 3.0
 WHOLE_COPY = {"turnover_while_filling": False}
 """The default's cost with a copy priced whole on a filling fleet, so the idle holder is the first tail's choice
 (with the default's first-copy discount it copies the prefix to the other replica at once, and nothing queues)."""
+
+
+HOLDING = AdmissionConfig(hold_while_idle=True)
+"""The router's queue holds a request for its busy replica although the other one is idle."""
 
 
 def _post(router, prompt: list[int]) -> threading.Thread:
@@ -45,7 +52,7 @@ def slow_fakes(fakes):
 
 
 def test_a_queue_held_for_the_holder_sends_the_later_requests_to_an_idle_replica(slow_fakes, start_router):
-    router = start_router([f.spec for f in slow_fakes], policy_kwargs=WHOLE_COPY)
+    router = start_router([f.spec for f in slow_fakes], policy_kwargs=WHOLE_COPY, admission=HOLDING)
     loads = router.runtime.router.loads.loads
     wait_for(lambda: len(loads) == 2 and all(load.prefill_tokens_per_s for load in loads.values()),
              what="both replicas' prefill rates")
@@ -78,7 +85,7 @@ def test_a_queue_held_for_the_holder_sends_the_later_requests_to_an_idle_replica
 def test_waiters_that_leave_take_their_holds_with_them(slow_fakes, start_router):
     """Clients that give up while held (a tenant's retries with short timeouts) leave no load behind: a hold that
     outlived its waiter would keep the replica looking busy to every later request."""
-    router = start_router([f.spec for f in slow_fakes], policy_kwargs=WHOLE_COPY)
+    router = start_router([f.spec for f in slow_fakes], policy_kwargs=WHOLE_COPY, admission=HOLDING)
     loads = router.runtime.router.loads.loads
     wait_for(lambda: len(loads) == 2 and all(load.prefill_tokens_per_s for load in loads.values()),
              what="both replicas' prefill rates")

@@ -1,7 +1,9 @@
 """A request the router's queue holds for its busy replica holds back only that replica's requests
 (``admission.lookahead``): one routed to an idle replica behind it goes at once. Strictly in order (``lookahead=1``),
 the idle replica waits with it: head-of-line blocking, which on long prompts (a wait above ``admit_ttft_s`` behind
-any prefill) queued every request of a fleet behind whichever replica was busiest."""
+any prefill) queued every request of a fleet behind whichever replica was busiest. The held request waits for its
+replica here (``hold_while_idle`` on; off, it would not wait while another replica is idle:
+test_admission_while_idle.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ def busy_router(fakes, start_router, request):
     for fake in fakes:
         fake.configure(delay=DELAY_S, prefill_tokens_per_s=RATE)
     try:
-        router = start_router([f.spec for f in fakes], admission=AdmissionConfig(lookahead=request.param))
+        router = start_router([f.spec for f in fakes],
+                              admission=AdmissionConfig(lookahead=request.param, hold_while_idle=True))
         loads = router.runtime.router.loads.loads
         wait_for(lambda: len(loads) == 2 and all(load.prefill_tokens_per_s for load in loads.values()),
                  what="both replicas' prefill rates")

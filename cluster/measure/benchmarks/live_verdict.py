@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--routers", default=DEFAULT_ROUTERS,
                     help=f"the arms, comma-separated (default: {DEFAULT_ROUTERS}; kvmesh:POLICY@K=V: kvmesh's router "
-                         "at a policy with a knob set)")
+                         "at a policy with a knob set; kvmesh:POLICY@--flag=V: with one of its flags)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers-dir", default=None, help="the peers' virtualenvs (default: ../peers)")
     ap.add_argument("--work", default=None, help="a folder for the profile and the fleet's log (default: a temporary)")

@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--settle", type=float, default=1.0, help="seconds to let a new router sync events")
     r = p.add_argument_group("routers as processes (instead of --policies)")
     r.add_argument("--router", action="append", default=[], metavar="NAME",
-                   help="kvmesh (its default policy), kvmesh:POLICY (kvmesh:POLICY@K=V: with a knob), vllm-router, "
+                   help="kvmesh (its default policy), kvmesh:POLICY (kvmesh:POLICY@K=V: with a knob, @--flag=V: "
+                        "with a router flag), vllm-router, "
                         "vllm-router:kv_aware, sglang-router (repeatable; the peers' cache_aware at their CLI "
                         "defaults)")
     r.add_argument("--launch-replicas", type=int, default=0, metavar="N",

@@ -1,7 +1,8 @@
 """Routers as processes of their own in front of the same replicas: kvmesh's and the peers' (``--router NAME``).
 
     kvmesh               ``kvmesh router`` at its default policy (``kvmesh:POLICY``: another; ``kvmesh:POLICY@K=V@K=V``:
-                         with those ``--policy-kwargs``), fed by the events
+                         with those ``--policy-kwargs``; ``kvmesh:POLICY@--flag=V``: with that router flag), fed by
+                         the events
     vllm-router          vllm-router ``cache_aware`` at its CLI defaults (a tree of the text it routed)
     vllm-router:kv_aware vllm-router ``kv_aware`` subscribed to the replicas' KV event and replay sockets
     sglang-router        sglang-router ``cache_aware`` at its CLI defaults
@@ -30,7 +31,8 @@ PEER_EXECUTABLES = {"vllm-router": "vllm-router", "sglang-router": "sglang-route
 """A peer's name -> its executable in its virtualenv."""
 ROUTER_NAMES = ("kvmesh", "vllm-router", "vllm-router:kv_aware", "vllm-router:round_robin", "sglang-router")
 """The routers ``--router`` names (``kvmesh:POLICY`` names kvmesh's router at another policy, ``kvmesh:POLICY@K=V``
-at that policy with a knob set, as ``--policy-kwargs K=V``)."""
+at that policy with a knob set, as ``--policy-kwargs K=V``; ``kvmesh:POLICY@--flag=V`` with one of the router's own
+flags)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +75,17 @@ def check_router_name(name: str) -> None:
 
 
 def _policy_flags(spec: str) -> list[str]:
-    """``POLICY@K=V@K=V`` (after ``kvmesh:``) as kvmesh router's flags; a ValueError naming a knob without ``=``."""
-    policy, *knobs = spec.split("@")
-    if knobs and not policy:
+    """``POLICY@K=V@--flag=V`` (after ``kvmesh:``) as kvmesh router's flags: ``K=V`` a ``--policy-kwargs`` knob,
+    ``--flag`` or ``--flag=V`` one of ``kvmesh router``'s own flags (``--no-admission-enabled``); a ValueError naming
+    a knob without ``=``."""
+    policy, *items = spec.split("@")
+    if items and not policy:
         raise ValueError(f"kvmesh:POLICY@K=V names its policy before its knobs; got kvmesh:{spec}")
+    flags = [k for k in items if k.startswith("--")]
+    knobs = [k for k in items if not k.startswith("--")]
     if bad := [k for k in knobs if not k.partition("=")[0] or not k.partition("=")[2]]:
-        raise ValueError(f"kvmesh:POLICY@K=V takes NAME=VALUE knobs; got {', '.join(map(repr, bad))}")
-    return (["--policy", policy] if policy else []) + (["--policy-kwargs", *knobs] if knobs else [])
+        raise ValueError(f"kvmesh:POLICY@K=V takes NAME=VALUE knobs or --flags; got {', '.join(map(repr, bad))}")
+    return (["--policy", policy] if policy else []) + (["--policy-kwargs", *knobs] if knobs else []) + flags
 
 
 def router_command(name: str, fleet: LiveFleet, folder: Path) -> list[str]:
