@@ -123,3 +123,41 @@ def test_with_every_replica_busy_the_request_waits(router_of, fakes):
     wait_for(lambda: fleet.waiting() == 1, timeout=DELAY_S / 2, what="the third request waiting in the router")
     assert fleet.in_flight() == [1, 1]
     fleet.answered()
+
+
+def test_a_flooder_takes_no_idle_replica_before_a_lighter_tenant(fakes, start_router, tmp_path):
+    """Hostile: a tenant floods both replicas while another asks once. Each replica that frees is idle, and the queue
+    hands it to its waiters in their serving order: the light tenant's request before the flooder's older ones."""
+    keys = {"flood": "sk-flood-0123456789", "light": "sk-light-0123456789"}
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys:\n" + "".join(f"  - {{key: {key}, tenant: {name}}}\n" for name, key in keys.items()))
+    for fake in fakes:
+        fake.configure(delay=2.0, prefill_tokens_per_s=1.0)
+    try:
+        router = start_router([f.spec for f in fakes], admission=AdmissionConfig(keys_file=str(path)))
+        loads = router.runtime.router.loads.loads
+        wait_for(lambda: len(loads) == 2 and all(load.prefill_tokens_per_s for load in loads.values()),
+                 what="both replicas' prefill rates")
+        done: list = []
+
+        def post(tenant: str, text: str) -> None:
+            r = httpx.post(router.url + "/v1/completions", timeout=60, json={"prompt": text, "max_tokens": 2},
+                           headers={"Authorization": f"Bearer {keys[tenant]}"})
+            done.append((tenant, r.status_code))
+
+        queue = lambda: router.runtime.admission.admission.queues.get("") or ()  # noqa: E731
+        threads = [threading.Thread(target=post, args=("flood", f"Flood {i}. {OTHER}"), daemon=True)
+                   for i in range(6)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(queue()) == 4, timeout=5, what="four of the flood waiting, two on the replicas")
+        threads.append(threading.Thread(target=post, args=("light", f"Light. {HOLDER}"), daemon=True))
+        threads[-1].start()
+        wait_for(lambda: len(queue()) == 5, timeout=5, what="the light request waiting with them")
+        for thread in threads:
+            thread.join(60)
+    finally:
+        for fake in fakes:
+            fake.configure(delay=0, prefill_tokens_per_s=0.0)
+    assert all(status == 200 for _, status in done), done
+    assert [tenant for tenant, _ in done].index("light") <= 3, done  # after the two running, with the first freed
