@@ -9,17 +9,17 @@ start it soon; it is shed at once (429) when it cannot be served in time or its 
     answered: its output charged when it ends
 
 ``pump(model)`` runs whenever room may have changed (an arrival, a request's end, every ``recheck_interval_s`` while
-requests wait): it routes the queue's head (``ProxyRequest.route``: dispatch's call, without crediting the replica
-until it goes) and asks ``Admission.gate`` with the route's ``predicted_ttft_s`` (the part spent waiting held to
-``admit_ttft_s``) and whether the chosen replica has a free slot, or, unpriced, whether some candidate replica has
-one (router/admission/room.py); a head held for a busy replica while another replica is idle is not held
-(``hold_while_idle`` off): it goes where its predicted TTFT is sooner, that replica or the idle one the policy
-prefers; it goes on with the next head until one must wait. A head that must wait holds back only its replica: the
-next of the queue's ``lookahead`` waiters routed elsewhere goes first; each that waits counts in its replica's load
-meanwhile (held_load.py). A client that leaves while waiting leaves the queue at once (its coroutine is cancelled);
-one whose deadline passes while waiting gets its 429 then, as does one whose place a tenant under its share of the
-full queue took (router/admission/queue_share.py). With no replica to route to, a request goes on (dispatch's 503,
-as without it).
+requests wait: admission_ticker.py): it routes the queue's head (``ProxyRequest.route``: dispatch's call, without
+crediting the replica until it goes) and asks ``Admission.gate`` with the route's ``predicted_ttft_s`` (the part
+spent waiting held to ``admit_ttft_s``) and whether the chosen replica has a free slot, or, unpriced, whether some
+candidate replica has one (router/admission/room.py); a head held for a busy replica while another replica is idle
+is not held (``hold_while_idle`` off): it goes where its predicted TTFT is sooner, that replica or the idle one the
+policy prefers (idle_route.py); it goes on with the next head until one must wait. A head that must wait holds back
+only its replica: the next of the queue's ``lookahead`` waiters routed elsewhere goes first; each that waits counts
+in its replica's load meanwhile (held_load.py). A client that leaves while waiting leaves the queue at once (its
+coroutine is cancelled); one whose deadline passes while waiting gets its 429 then, as does one whose place a tenant
+under its share of the full queue took (router/admission/queue_share.py). With no replica to route to, a request
+goes on (dispatch's 503, as without it).
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, She
 from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
 from kvmesh.router.admission.room import SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
+from kvmesh.router.http.admission_ticker import Ticker
 from kvmesh.router.http.admission_ticket import Ticket, Waiting, future_of, waiting_of
 from kvmesh.router.http.caller import int_header
 from kvmesh.router.http.held_load import HeldLoad
+from kvmesh.router.http.idle_route import sooner_while_idle
 from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.http.replica_room import is_idle, room_of
 from kvmesh.router.routing.policies import NoReplicaError
@@ -69,7 +71,8 @@ class AdmissionGate:
         self.slots = SlotCapacity(config.slots_ttl_s)
         self.metrics = AdmissionMetrics(registry, config)
         self.held = HeldLoad()  # the waiters that wait for their replica, in its load (held_load.py)
-        self._tickers: dict[str, asyncio.Task] = {}
+        self.ticker = Ticker(config.recheck_interval_s, lambda model: bool(self.admission.queues.get(model)),
+                             lambda model: self.pump(model))
         self.granted = 0
         """Requests let go whose tasks have not yet run to their dispatch (into their replica's load): no other is
         let go meanwhile, since the room they take is not counted yet."""
@@ -180,7 +183,7 @@ class AdmissionGate:
             loop = asyncio.get_running_loop()
             if waiter.deadline is not None:
                 waiting.timer = loop.call_at(loop.time() + waiter.deadline - time.monotonic(), self._expire, waiter)
-            self._tick(waiter.model)
+            self.ticker.start(waiter.model)
             try:
                 await future
             except asyncio.CancelledError:  # the client left: out of the queue at once
@@ -260,7 +263,8 @@ class AdmissionGate:
         verdict = GO if decision is None else adm.gate(
             waiter, decision.predicted_ttft_s, room, now, idle=is_idle(chosen),
             predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
-        if verdict == WAIT and chosen is not None and (spare := self._while_idle(waiting, decision)) is not None:
+        if (verdict == WAIT and chosen is not None and not self.config.hold_while_idle
+                and (spare := sooner_while_idle(self.router, waiting.request, decision)) is not None):
             decision, chosen = spare, spare.replica  # the fleet has room: nothing waits in the router
             verdict = adm.gate(waiter, decision.predicted_ttft_s, True, now, idle=True)
         if verdict == WAIT:
@@ -277,25 +281,6 @@ class AdmissionGate:
         adm.went(waiter, 0 if decision is None else decision.uncached_tokens, now)
         return decision
 
-    def _while_idle(self, waiting: Waiting, held: RouteDecision) -> RouteDecision | None:
-        """Where a waiter the gate would hold for its busy replica goes while another replica that serves it is idle
-        (``hold_while_idle`` off): ``held`` where its predicted TTFT is no later than on the idle replica the policy
-        prefers, else that one; None: it waits (held while idle, or no replica idle)."""
-        if self.config.hold_while_idle:
-            return None
-        busy = held.replica
-        idle = frozenset(r.id for r in self.router.replicas.candidates() if r is not busy and is_idle(r))
-        if not idle:
-            return None
-        try:
-            spare = waiting.request.route(self.router, [], commit=False, within=idle)
-        except NoReplicaError:  # none of them serves its model
-            return None
-        if held.predicted_ttft_s is not None and (spare.predicted_ttft_s is None
-                                                  or held.predicted_ttft_s <= spare.predicted_ttft_s):
-            return held
-        return spare
-
     def _answer_displaced(self, model: str, now: float) -> None:
         """Waiters that lost their place to a tenant under its share get their 429 (router/admission/queue_share.py)."""
         for waiter, shed in self.admission.displaced(model, now):
@@ -307,18 +292,3 @@ class AdmissionGate:
         """Whether ``chosen`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
         replicas = self.router.replicas.candidates() if chosen is None else [chosen] if chosen.routable else []
         return any(self.slots.has_room(room_of(replica), now) for replica in replicas)
-
-    def _tick(self, model: str) -> None:
-        """Pump ``model`` every ``recheck_interval_s`` while its queue is not empty."""
-        if model in self._tickers:
-            return
-
-        async def tick() -> None:
-            try:
-                while self.admission.queues.get(model):
-                    await asyncio.sleep(self.config.recheck_interval_s)
-                    self.pump(model)
-            finally:
-                self._tickers.pop(model, None)
-
-        self._tickers[model] = asyncio.get_running_loop().create_task(tick())

@@ -122,7 +122,7 @@ def test_a_request_with_nothing_waiting_goes_at_once_without_the_queue_machinery
     wait_for(lambda: pumps, timeout=5, what="the request's end pumping its model")
     time.sleep(0.1)
     assert pumps == [""], pumps
-    assert gate.granted == 0 and not gate._tickers
+    assert gate.granted == 0 and not gate.ticker.running
     assert not gate.admission.queues[""]
     text = httpx.get(admitting.url + "/metrics").text
     assert 'kvmesh_router_admission_admitted_total{priority="all",tenant="light"} 1.0' in text
