@@ -168,11 +168,20 @@ class Forwarder:
         flight.answered()
         if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
             tokenized_s = (request.tokenize_ns or 0) * 1e-9 if not tried else 0.0
-            svc.router.observe_ttft(decision, time.perf_counter() - routed_at + tokenized_s)
+            svc.router.observe_ttft(decision, time.perf_counter() - routed_at + tokenized_s, self._target_s(request))
             svc.receipt_metrics.on_ttft(decision.receipt)
         if request.failed_over:
             decision.receipt.failed_over = tuple(request.failed_over)
         count_decision(svc, decision, len(request.route_ids))
+
+    def _target_s(self, request: ProxyRequest) -> float | None:
+        """The request's TTFT target as the router learns its queue's tail against it: its priority class's deadline
+        (``admission.ttft_deadline_s``, which the operator sets), not a deadline the client wrote; None: the
+        router's ``ttft_target_s``."""
+        gate = self.plane.admission
+        if gate is None or request.priority is None:
+            return None
+        return gate.config.class_deadline_s(request.priority)
 
     def _fail_over(self, request: ProxyRequest, opened: Opened | Exception, replica: Replica,
                    tried: list[str]) -> None:

@@ -11,6 +11,7 @@ import time
 from kvmesh.router.replicas.replica import Replica
 from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.index import PrefixIndex
+from kvmesh.router.routing.policies.base import Policy
 from kvmesh.router.routing.pulls_landing import PullsLanding
 from kvmesh.router.routing.route_decision import RouteDecision
 from kvmesh.router.routing.session import SessionTable
@@ -24,6 +25,8 @@ class Crediting:
     sessions: SessionTable
     landing: PullsLanding
     predict_hold_s: float
+    ttft_target_s: float
+    policy: Policy
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
@@ -59,13 +62,14 @@ class Crediting:
                 self.index.predictions.release(decision.prediction, time.monotonic() if now is None else now)
             decision.prediction = None
 
-    def observe_ttft(self, decision: RouteDecision, actual_s: float) -> None:
-        """The routed request's first token came ``actual_s`` after routing: learn the replica's correction
-        (router/routing/cost/correction.py) and complete the receipt."""
+    def observe_ttft(self, decision: RouteDecision, actual_s: float, target_s: float | None = None) -> None:
+        """The routed request's first token came ``actual_s`` after routing, against a TTFT target of ``target_s``
+        (None: the router's, ``ttft_target_s``): learn the replica's correction (router/routing/cost/correction.py)
+        and the policy's measure of the fleet (``Policy.observe_ttft``), and complete the receipt."""
         receipt, estimate = decision.receipt, decision.estimate
         if receipt is not None:
             receipt.actual_ttft_s = actual_s
-        if estimate is None:
-            return
         with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
-            observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
+            self.policy.observe_ttft(estimate, actual_s, self.ttft_target_s if target_s is None else target_s)
+            if estimate is not None:
+                observe_ttft(decision.replica.load, estimate.raw_s, actual_s)

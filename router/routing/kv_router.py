@@ -51,12 +51,13 @@ class KVRouter(Crediting, EventIntake, PullPlanning):
     def __init__(self, block_size: int = 16, policy: Policy | None = None, seed: int = DEFAULT_ROUTER_SEED,
                  predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None,
                  salt_secret: bytes | None = None, transfers: KVPlacementRules | None = None,
-                 predict_hold_s: float = 0.0) -> None:
+                 predict_hold_s: float = 0.0, ttft_target_s: float = 1.0) -> None:
         """``policy``: None = the default policy (``DEFAULT_POLICY``: ``cache_aware_tokens``) with its defaults;
         ``seed``: root of the router keys; ``salt_secret``: the replicas' cache-salt key
         (``RouterKeyHasher.salt_secret``); ``transfers``: when KV may move between replicas (None: the defaults of
         ``KVPlacementRules``); ``predict_hold_s`` > 0: a routed prompt's prediction holds until its replica's first
-        bytes (``release_prediction``, or ``observe_ttft``) and ``predict_ttl_s`` after, at most this long unreleased.
+        bytes (``release_prediction``, or ``observe_ttft``) and ``predict_ttl_s`` after, at most this long unreleased;
+        ``ttft_target_s``: the TTFT target of a request observed without its own (``observe_ttft``).
         ``router.config.build_router`` builds one from a ``RouterConfig``."""
         self.lock = threading.Lock()
         self.replicas = ReplicaSet(self.lock)
@@ -64,6 +65,7 @@ class KVRouter(Crediting, EventIntake, PullPlanning):
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
         self.predict_hold_s = predict_hold_s
+        self.ttft_target_s = ttft_target_s
         self.loads = LoadTracker(self.replicas)
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate

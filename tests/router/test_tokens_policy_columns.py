@@ -1,8 +1,8 @@
 """``cache_aware_tokens`` (the default) prices its candidates in one numpy pass over the load columns when the
 router hands it ``CandidateLoads``: its choices equal the one-by-one loop's over a plain dict, on randomized fleets
 (queued and pending prefill, other router workers' in-flight requests, churn, caches filling, full or between, caches
-their requests overflow or not, backlogs past the release point, identical replicas that tie, idle replicas and idle
-fleets), and its costs are ``costs()``'s."""
+their requests overflow or not, backlogs past the release point, a queue tail lifting the load weight, identical
+replicas that tie, idle replicas and idle fleets), and its costs are ``costs()``'s."""
 
 from __future__ import annotations
 
@@ -34,7 +34,16 @@ def _config(rng: random.Random) -> CacheAwareTokensConfig:
                                   turnover_while_filling=rng.random() < 0.7, idle_turnover=rng.random() < 0.3,
                                   busy_turnover=rng.random() < 0.7,
                                   queue_share_weight=rng.choice((0.0, 0.0, 0.15, 1.0)),
-                                  queue_share_overflow=rng.random() < 0.7)
+                                  queue_share_overflow=rng.random() < 0.7,
+                                  tail_knee=rng.choice((None, None, 0.1)), tail_weight=rng.choice((1.0, 0.5, 0.1)))
+
+
+def _lifted(policies, rng: random.Random) -> None:
+    """The same queue tail's lift on each policy (``tail_knee``: what its router measured), 0 to 1."""
+    lift = rng.choice((0.0, 1.0, rng.random()))
+    for policy in policies:
+        if policy.tail is not None:
+            policy.tail.lift = lift
 
 
 def _idle(router, rng: random.Random) -> None:
@@ -72,6 +81,7 @@ def test_the_columns_choose_what_the_loop_chooses_on_random_fleets():
         _caches(router, rng)
         config = _config(rng)
         fast, full = CacheAwareTokensPolicy(config, BS, seed), CacheAwareTokensPolicy(config, BS, seed)
+        _lifted((fast, full), rng)
         for _ in range(6):
             prompt = rng.choice((0, 5, 64, 600))
             device = {rid: rng.randint(0, prompt // BS + 2) for rid in rng.sample(ids, rng.randint(0, len(ids)))}
@@ -97,6 +107,7 @@ def test_the_chosen_replica_is_the_cheapest_by_costs():
         _evicting(router, rng)
         _caches(router, rng)
         policy = CacheAwareTokensPolicy(_config(rng), BS, seed)
+        _lifted((policy,), rng)
         prompt = rng.choice((5, 64, 600))
         device = {rid: rng.randint(0, prompt // BS) for rid in rng.sample(ids, rng.randint(0, len(ids)))}
         with router.lock:

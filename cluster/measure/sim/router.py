@@ -235,7 +235,7 @@ class SimRouter:
                                         keys=None if decision is None else decision.keys,
                                         output_tokens=r.max_output_tokens)
             if decision is not None:  # the router learns its correction from the TTFT it observes
-                self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
+                self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s, r.ttft_target_s)
                 self.routers[r.router_index].release_prediction(decision, now=r.first_token_s)
                 if self.router.predict_hold_s > 0 and len(self.routers) > 1:  # the others' holds, once told
                     lag = self.config.sync_lag_s if self.config.router_sync else 0.0

@@ -114,6 +114,11 @@ class Policy:
         ``choose`` still gets the candidates). A policy used without a router is never given one."""
 
 
+    def observe_ttft(self, estimate: TTFTEstimate | None, actual_s: float, target_s: float) -> None:
+        """A request this policy chose a replica for, priced there as ``estimate``, had its first token ``actual_s``
+        after routing against a target of ``target_s`` (``KVRouter.observe_ttft``). A policy that learns from what
+        the fleet measures overrides it; the others learn nothing."""
+
     def price(self, request_keys: Sequence[int], tiers: TierMatches, candidates: Candidates,
               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Prices:
         """Every candidate's predicted time for the request, in seconds (router/routing/cost/: the one price)."""

@@ -16,6 +16,7 @@ For each candidate replica ``r``, in prefill-token units::
                                                          clamped to [1 / churn_clamp, churn_clamp]
     g(r)        = max(evicting(r), busy)
     backlog_w   = backlog_weight + (filling_backlog_weight - backlog_weight) * (1 - mean evicting)
+                  then, with tail_knee, + (tail_weight - backlog_w) * lift   (lift: the queue's tail, below)
 
 ``min`` and ``max``: the fewest and most requests queued or running (``decode_load``) on any candidate (the term is 0
 where they are equal, and off by default: ``CacheAwareTokensConfig.queue_share_weight``); ``overflow(r)``:
@@ -39,7 +40,11 @@ partitioned caches behave more like one LRU pool (the simulator's attribution: f
 evicted from every replica). A replica not evicting evicts nothing by storing a token; its intake is
 priced while the fleet is busy, where spreading it evens the queues: on an idle fleet a
 conversation's next turn stays on its holder. ``filling_backlog_weight`` (an option, off) weighs the
-queue apart while the fleet fills, when a copy of a prefix costs no later hit. ``steps`` puts the decode term in time:
+queue apart while the fleet fills, when a copy of a prefix costs no later hit. ``tail_knee`` (an option, off) learns
+the weight online from the waits this router measures (router/routing/queue_tail.py): ``lift`` goes from 0 while
+the recent requests' waits (TTFT less their own predicted prefill, their 90th percentile) stay under ``tail_knee`` x
+their TTFT target to 1 as they reach it, so a holder's queue weighs more as it starts to cost requests their target.
+``steps`` puts the decode term in time:
 ``decode_weight`` (8) is about
 what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
 token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
@@ -141,7 +146,8 @@ class CacheAwareTokensPolicy(TokensCost):
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         loads, share = candidates.loads, self._near_share(candidates)
         if type(loads) is CandidateLoads and len(loads) >= COLUMNS_FROM_CANDIDATES:  # no ABC isinstance per request
-            rows = cheapest_rows(c, self.block_size, prompt, matches, loads, share)
+            rows = cheapest_rows(c, self.block_size, prompt, matches, loads, share,
+                                 0.0 if self.tail is None else self.tail.lift)
         else:
             rows = self._cheapest_walk(prompt, matches, candidates, share)
         if share > 0 and c.near_pick == "prefix_hash" and len(rows) > 1:

@@ -13,9 +13,9 @@ from kvmesh.router.routing.tier_matches import Matches
 
 
 def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, matches: Matches,
-                  rows_of: CandidateLoads, share: float = 0.0) -> list[int]:
+                  rows_of: CandidateLoads, share: float = 0.0, lift: float = 0.0) -> list[int]:
     """The positions among the candidates (``rows_of.rows``: their rows of the load columns) of the cheapest and of
-    those within ``share`` of its uncached tokens of it, in order."""
+    those within ``share`` of its uncached tokens of it, in order (``lift``: the queue tail's, ``QueueTail.lift``)."""
     cols, rows = rows_of.columns, rows_of.rows
     cached = np.zeros(len(cols.ids), dtype=np.int64)
     row_of = cols.row
@@ -42,6 +42,8 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
     fill, wb = c.filling_backlog_weight, c.backlog_weight
     if fill is not None and fill != wb:
         wb += (fill - wb) * (1 - sum(evicting.tolist()) / len(rows))
+    if lift and c.tail_weight > wb:  # QueueTail.weight
+        wb += (c.tail_weight - wb) * lift
     cost = cost + (wb * backlog + c.decode_weight * steps * decode)
     release = c.backlog_release_tokens
     if release < math.inf:

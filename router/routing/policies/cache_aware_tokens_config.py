@@ -79,6 +79,20 @@ class CacheAwareTokensConfig(PolicyConfig):
     the cache as its load reports ``num_kv_blocks``; 0 where it reports none), so the term is off where every
     request fits and a wait is a prefill queue, which the backlog term prices. False: ``overflow`` is 1 everywhere (in
     the simulator it then gave up hits where caches are large: docs/benchmarks/routing-against-peers.md)."""
+    tail_knee: float | None = None
+    """The load weight learned from the queue's tail (router/routing/queue_tail.py): queued prefill weighs
+    ``backlog_weight`` while the recent requests' waits (their TTFT less their own prefill, the ``tail_quantile``)
+    stay under this share of their TTFT target (``router.ttft_target_s``, or a priority class's deadline), and rises
+    to 1 as they reach the target. None (the default): ``backlog_weight`` throughout."""
+    tail_quantile: float = 0.9
+    """With ``tail_knee``: which quantile of the recent waits over their targets is the tail."""
+    tail_window: int = 256
+    """With ``tail_knee``: how many of this router's latest requests the tail is measured over."""
+    tail_weight: float = 1.0
+    """With ``tail_knee``: the weight queued prefill reaches when the tail reaches the target."""
+    tail_overload: float = math.inf
+    """With ``tail_knee``: the tail, in TTFT targets, at which the weight is back to ``backlog_weight`` (from 1 at
+    the target, linearly): a fleet whose waits are far past the target lacks compute, and a hit saves it."""
     churn_clamp: float = 2.0
     """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
     backlog_release_tokens: float = math.inf
@@ -109,5 +123,13 @@ class CacheAwareTokensConfig(PolicyConfig):
             raise ValueError(f"near_pick must be one of {', '.join(NEAR_PICKS)}, got {self.near_pick!r}")
         if not self.decode_step_tokens > 0:
             raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
+        if self.tail_knee is not None and not 0 <= self.tail_knee < 1:
+            raise ValueError(f"tail_knee must be in [0, 1) or unset, got {self.tail_knee}")
+        if not 0 < self.tail_quantile <= 1:
+            raise ValueError(f"tail_quantile must be in (0, 1], got {self.tail_quantile}")
+        if not self.tail_overload > 1:
+            raise ValueError(f"tail_overload must be > 1, got {self.tail_overload}")
+        if not self.tail_window >= 1:
+            raise ValueError(f"tail_window must be >= 1, got {self.tail_window}")
         if not self.churn_clamp >= 1:
             raise ValueError(f"churn_clamp must be >= 1, got {self.churn_clamp}")

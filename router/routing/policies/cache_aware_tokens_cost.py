@@ -15,11 +15,12 @@ from operator import attrgetter
 from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.candidates import Candidates
-from kvmesh.router.routing.cost import FleetRates
+from kvmesh.router.routing.cost import FleetRates, TTFTEstimate
 from kvmesh.router.routing.cost.estimate import adapter_s
 from kvmesh.router.routing.cost.stored_tokens import pulls_possible, stored_tokens
 from kvmesh.router.routing.policies.base import Policy
 from kvmesh.router.routing.policies.cache_aware_tokens_config import CacheAwareTokensConfig
+from kvmesh.router.routing.queue_tail import QueueTail
 from kvmesh.router.routing.tier_matches import Matches
 
 _RECENT_PREFILL = attrgetter("load.recent_prefill")
@@ -35,6 +36,14 @@ class TokensCost(Policy):
     """The cost terms of ``cache_aware_tokens`` over its candidates."""
 
     config: CacheAwareTokensConfig
+
+    def __init__(self, config: CacheAwareTokensConfig | None = None, block_size: int = 16,
+                 seed: int | None = None) -> None:
+        super().__init__(config, block_size, seed)
+        c = self.config
+        self.tail = None if c.tail_knee is None else QueueTail(c.tail_knee, c.tail_quantile, c.tail_window,
+                                                                 c.tail_overload)
+        """The queue's tail this router measured, lifting the load weight (``tail_knee``; None: off)."""
 
     def costs(self, request_keys: Sequence[int], matches: Matches, candidates: Candidates,
               num_prompt_tokens: int | None = None, pullable: Matches | None = None) -> dict[str, float]:
@@ -131,12 +140,17 @@ class TokensCost(Policy):
 
     def _backlog_weight(self, candidates: Candidates) -> float:
         """``backlog_weight`` on an evicting fleet, ``filling_backlog_weight`` on a filling one, in between by the
-        candidates' mean ``evicting``."""
+        candidates' mean ``evicting``; with ``tail_knee``, lifted towards 1 as far as the queue's tail says
+        (router/routing/queue_tail.py)."""
         c = self.config
         fill, wb = c.filling_backlog_weight, c.backlog_weight
-        if fill is None or fill == wb:
-            return wb
-        return wb + (fill - wb) * (1 - sum(map(_EVICTING, candidates)) / len(candidates))
+        if fill is not None and fill != wb:
+            wb += (fill - wb) * (1 - sum(map(_EVICTING, candidates)) / len(candidates))
+        return wb if self.tail is None else self.tail.weight(wb, c.tail_weight)
+
+    def observe_ttft(self, estimate: TTFTEstimate | None, actual_s: float, target_s: float) -> None:
+        if self.tail is not None:
+            self.tail.observe(estimate, actual_s, target_s)
 
     def _busy(self, candidates: Candidates, matches: Matches) -> float:
         """How far turnover counts on a replica not evicting. With ``turnover_while_filling``: 1 while any candidate
