@@ -33,4 +33,6 @@ def metrics_state(r: KVRouter, feed: EventFeed, feed_state: dict, sync: RouterSy
     out["feed"] = feed_state
     out["load_feed"] = feed.loads.counters() if feed.loads is not None else {}
     out["sync"] = sync.counters() if sync is not None else None
+    tail = getattr(r.policy, "tail", None)  # cache_aware_tokens' queue tail (tail_knee), where on
+    out["queue_tail"] = None if tail is None else {"tail": tail.tail, "lift": tail.lift}
     return out

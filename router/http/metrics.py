@@ -189,6 +189,14 @@ class _StateCollector:
         sync = state.get("sync")
         if sync is not None:  # router/control/router_sync.py
             yield _sync_family(sync)
+        tail = state.get("queue_tail")
+        if tail is not None:  # router/routing/queue_tail.py
+            yield GaugeMetricFamily("kvmesh_router_queue_tail", "This router's recent requests' waits over their "
+                                    "TTFT targets, at tail_quantile (cache_aware_tokens' tail_knee)",
+                                    value=tail["tail"])
+            yield GaugeMetricFamily("kvmesh_router_queue_tail_lift", "How far the queue's tail lifts the weight of "
+                                    "queued prefill from backlog_weight towards tail_weight (0 to 1)",
+                                    value=tail["lift"])
         lag = GaugeMetricFamily("kvmesh_router_event_lag_last_seconds", "Lag of the last applied batch",
                                 labels=["replica"])
         for rid, value in state["event_lag"].items():

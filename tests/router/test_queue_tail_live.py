@@ -50,3 +50,5 @@ def test_waits_count_against_the_priority_class_deadline_never_the_clients(route
     _streams(router, 4, "urgent", {"x-kvmesh-priority": "0"})  # the same wait, most of a 0.35 s deadline
     wait_for(lambda: tail.lift > 0.5, what="the load weight lifted")
     assert tail.tail > 0.6
+    text = httpx.get(router.url + "/metrics").text  # what an operator sees of it
+    assert f"kvmesh_router_queue_tail_lift {tail.lift}" in text and f"kvmesh_router_queue_tail {tail.tail}" in text
