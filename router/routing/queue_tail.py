@@ -8,13 +8,17 @@ counts no wait. The tail is the ``quantile`` of ``wait / target`` over the last 
 router. The load weight rises with it past the knee::
 
     lift = clamp((tail - knee) / (1 - knee), 0, 1)       0 while the tail is under knee x the target, 1 at the target
-    w    = base + (1 - base) * lift                       base: the policy's backlog_weight
+    w    = base + (top - base) * lift                     base: the policy's backlog_weight; top: its tail_weight
+
+Past the target the lift stays 1, or with ``overload`` falls linearly to 0 at that many targets (a fleet whose waits
+are far past its target lacks compute, which a hit saves).
 
 While the queues stay short against the target, queued prefill weighs ``backlog_weight`` (reuse first: a hit saves
-compute every later request gets back); as the measured waits near the target, a queued token weighs as a computed
-one, and a holder whose queue would push a request past its target loses it to a replica that computes it sooner.
-The rule is a feedback loop on the fleet's own measure: spreading shortens the waits, which lowers the weight again,
-so it settles where the tail meets the knee's share of the target, whatever the fleet, trace or rate.
+compute every later request gets back); as the measured waits near the target, a queued token weighs more, up to
+``top``, and a holder whose queue would push a request past its target loses it to a replica that computes it
+sooner. It is a feedback loop on the fleet's own measure: spreading shortens the waits, which lowers the weight
+again. Where the fleet is overloaded the waits grow whatever the weight, and the lift only gives hits away while the
+queues build up (the simulator's verdict: docs/benchmarks/routing-against-peers.md).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class QueueTail:
         self.tail = 0.0
         """The ``quantile`` of ``ratios`` when last computed (0: none observed)."""
         self.lift = 0.0
-        """How far the load weight is lifted from its base towards 1, in [0, 1]."""
+        """How far the load weight is lifted from its base towards its top (``weight``), in [0, 1]."""
 
     def observe(self, estimate: TTFTEstimate | None, actual_s: float, target_s: float) -> None:
         """A request the router priced as ``estimate`` had its first token ``actual_s`` after routing; its target

@@ -83,7 +83,8 @@ class CacheAwareTokensConfig(PolicyConfig):
     """The load weight learned from the queue's tail (router/routing/queue_tail.py): queued prefill weighs
     ``backlog_weight`` while the recent requests' waits (their TTFT less their own prefill, the ``tail_quantile``)
     stay under this share of their TTFT target (``router.ttft_target_s``, or a priority class's deadline), and rises
-    to 1 as they reach the target. None (the default): ``backlog_weight`` throughout."""
+    to ``tail_weight`` as they reach the target. None (the default): ``backlog_weight`` throughout (the simulator's
+    verdict: docs/benchmarks/routing-against-peers.md)."""
     tail_quantile: float = 0.9
     """With ``tail_knee``: which quantile of the recent waits over their targets is the tail."""
     tail_window: int = 256
@@ -91,8 +92,9 @@ class CacheAwareTokensConfig(PolicyConfig):
     tail_weight: float = 1.0
     """With ``tail_knee``: the weight queued prefill reaches when the tail reaches the target."""
     tail_overload: float = math.inf
-    """With ``tail_knee``: the tail, in TTFT targets, at which the weight is back to ``backlog_weight`` (from 1 at
-    the target, linearly): a fleet whose waits are far past the target lacks compute, and a hit saves it."""
+    """With ``tail_knee``: the tail, in TTFT targets, at which the weight is back to ``backlog_weight`` (from
+    ``tail_weight`` at the target, linearly): a fleet whose waits are far past the target lacks compute, and a hit
+    saves it. inf: it stays at ``tail_weight``."""
     churn_clamp: float = 2.0
     """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
     backlog_release_tokens: float = math.inf

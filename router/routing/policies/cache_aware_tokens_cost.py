@@ -140,8 +140,8 @@ class TokensCost(Policy):
 
     def _backlog_weight(self, candidates: Candidates) -> float:
         """``backlog_weight`` on an evicting fleet, ``filling_backlog_weight`` on a filling one, in between by the
-        candidates' mean ``evicting``; with ``tail_knee``, lifted towards 1 as far as the queue's tail says
-        (router/routing/queue_tail.py)."""
+        candidates' mean ``evicting``; with ``tail_knee``, lifted towards ``tail_weight`` as far as the queue's tail
+        says (router/routing/queue_tail.py)."""
         c = self.config
         fill, wb = c.filling_backlog_weight, c.backlog_weight
         if fill is not None and fill != wb:
