@@ -192,10 +192,6 @@ class RouterConfig:
     replica sends the request's first bytes (its prompt computed) or the request leaves it, and predict_ttl_s after,
     at most this many seconds unreleased: a long prompt still queued or computed is not forgotten half-way. Routers
     that sync hold each other's the same way (router/routing/peer_holds.py)."""
-    ttft_target_s: float | None = None
-    """Time-to-first-token target, in seconds, of a request whose priority class has no deadline
-    (admission.ttft_deadline_s): what the load weight learned from the queue's tail steers to (cache_aware_tokens'
-    tail_knee). None: 1 s (``kvmesh sim``: the workload's own target, the one its goodput counts)."""
     events: SubscriberConfig = field(default_factory=SubscriberConfig)
     """The KV event feed (events/config.py): CURVE keys, the largest batch, snapshot and cache a replica may
     send, recovery timeouts and back-off, the lag before a replica is routed by load only. Its flags and variables
@@ -251,8 +247,6 @@ class RouterConfig:
             raise ValueError(f"workers must be >= 1, or 0 for auto; got {self.workers}")
         if not 0 <= self.predict_hold_s < math.inf:  # held forever, a request that never answered would leak
             raise ValueError(f"predict_hold_s must be finite seconds >= 0 (0: off), got {self.predict_hold_s}")
-        if self.ttft_target_s is not None and not 0 < self.ttft_target_s < math.inf:
-            raise ValueError(f"ttft_target_s must be finite seconds > 0 (or unset), got {self.ttft_target_s}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
         if self.admin_key is not None and self.admin_key == self.api_key:
@@ -285,4 +279,4 @@ def build_router(config: RouterConfig, seed: int, policy: Policy | None = None) 
     return KVRouter(config.block_size, policy, seed=seed, predict_ttl_s=config.predict_ttl_s,
                     sessions=config.sessions, salt_secret=config.cache_salt_secret, transfers=config.transfers,
                     predict_hold_s=config.predict_hold_s,
-                    ttft_target_s=1.0 if config.ttft_target_s is None else config.ttft_target_s)
+                    ttft_target_s=config.admission.target_s())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from kvmesh.router.admission.rate_limit import TokenRate
@@ -39,6 +40,10 @@ class AdmissionConfig:
     ttft_deadline_s: dict[int, float] = field(default_factory=dict)
     """TTFT deadline in seconds per priority class, e.g. {0: 1.0, 10: 30.0}: a priority's class is the largest
     key at or below it; a request that cannot meet its deadline gets 429. Empty: no deadline but the header's."""
+    ttft_target_s: float | None = None
+    """TTFT target in seconds of a request whose class has no deadline: what ``cache_aware_tokens``' ``tail_knee``
+    steers the queue's tail to (a target, not a deadline: nothing is shed for it). None: 1 s (``kvmesh sim``: the
+    workload's own target, the one its goodput counts)."""
     tokens_per_s: float | None = None
     """Token-rate limit (prompt + output tokens per second) of each tenant the keys file gives none; None: no limit."""
     burst_s: float = 10.0
@@ -95,6 +100,8 @@ class AdmissionConfig:
         if self.max_tenants < 2:
             raise ValueError(f"admission max_tenants must be >= 2, got {self.max_tenants}")
         self._check_shared()
+        if self.ttft_target_s is not None and not 0 < self.ttft_target_s < math.inf:
+            raise ValueError(f"admission ttft_target_s must be finite seconds > 0 (or unset), got {self.ttft_target_s}")
         for priority, seconds in self.ttft_deadline_s.items():
             if not isinstance(priority, int) or not seconds > 0:
                 raise ValueError(f"admission ttft_deadline_s maps a priority (int) to positive seconds; got "
@@ -129,6 +136,10 @@ class AdmissionConfig:
     def default_limit(self) -> TokenRate | None:
         """The limit of tenants without their own."""
         return None if self.tokens_per_s is None else TokenRate(self.tokens_per_s, self.tokens_per_s * self.burst_s)
+
+    def target_s(self) -> float:
+        """``ttft_target_s``, or 1 s where unset."""
+        return 1.0 if self.ttft_target_s is None else self.ttft_target_s
 
     def class_deadline_s(self, priority: int) -> float | None:
         """The TTFT deadline of ``priority``'s class (None: none)."""

@@ -177,7 +177,7 @@ class Forwarder:
     def _target_s(self, request: ProxyRequest) -> float | None:
         """The request's TTFT target as the router learns its queue's tail against it: its priority class's deadline
         (``admission.ttft_deadline_s``, which the operator sets), not a deadline the client wrote; None: the
-        router's ``ttft_target_s``."""
+        router's ``admission.ttft_target_s``."""
         gate = self.plane.admission
         if gate is None or request.priority is None:
             return None

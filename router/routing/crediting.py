@@ -64,8 +64,9 @@ class Crediting:
 
     def observe_ttft(self, decision: RouteDecision, actual_s: float, target_s: float | None = None) -> None:
         """The routed request's first token came ``actual_s`` after routing, against a TTFT target of ``target_s``
-        (None: the router's, ``ttft_target_s``): learn the replica's correction (router/routing/cost/correction.py)
-        and the policy's measure of the fleet (``Policy.observe_ttft``), and complete the receipt."""
+        (None: the router's, ``admission.ttft_target_s``): learn the replica's correction
+        (router/routing/cost/correction.py) and the policy's measure of the fleet (``Policy.observe_ttft``), and
+        complete the receipt."""
         receipt, estimate = decision.receipt, decision.estimate
         if receipt is not None:
             receipt.actual_ttft_s = actual_s

@@ -9,6 +9,7 @@ import math
 
 import pytest
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport
+from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.config import RouterConfig, build_router
 from kvmesh.router.routing.cost.estimate import TTFTEstimate
 from kvmesh.router.routing.policies import get_policy
@@ -104,7 +105,8 @@ def test_a_lifted_weight_sends_a_request_past_its_holders_queue():
 
 def test_the_router_teaches_its_policy_against_its_target_or_the_requests():
     step = DecodeStepLoad(step_s=0.008, s_per_seq=5e-5, s_per_context_token=4e-8)
-    section = RouterConfig(policy_kwargs={"tail_knee": 0.5, "tail_window": 4}, ttft_target_s=2.0, predict_ttl_s=0.0)
+    section = RouterConfig(policy_kwargs={"tail_knee": 0.5, "tail_window": 4}, predict_ttl_s=0.0,
+                           admission=AdmissionConfig(ttft_target_s=2.0))
     router = build_router(section, seed=1)
     router.add_replica("a")
     router.loads.loads["a"].update_report(LoadReport(num_requests_running=0, num_requests_waiting=0,
@@ -121,4 +123,4 @@ def test_the_router_teaches_its_policy_against_its_target_or_the_requests():
     assert tail.tail == pytest.approx(1.0) and tail.lift == 1.0
     assert build_router(RouterConfig(), seed=1).ttft_target_s == 1.0
     with pytest.raises(ValueError, match="ttft_target_s"):
-        RouterConfig(ttft_target_s=0.0)
+        AdmissionConfig(ttft_target_s=0.0)

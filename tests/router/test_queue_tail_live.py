@@ -1,6 +1,6 @@
 """The router learns the queue's tail (``cache_aware_tokens``' ``tail_knee``) from the streams it answers, each against
 its priority class's TTFT deadline (``admission.ttft_deadline_s``, set by the operator) or the router's
-``ttft_target_s``; a deadline the client writes in ``x-kvmesh-ttft-deadline-ms`` is not a target (a tenant could
+``admission.ttft_target_s``; a deadline the client writes in ``x-kvmesh-ttft-deadline-ms`` is not a target (a tenant could
 otherwise lift the load weight for everyone by asking for a tiny one)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def router(fakes, start_router):
     for fake in fakes:
         fake.configure(delay=DELAY_S, prefill_tokens_per_s=1e9)
     server = start_router([f.spec for f in fakes], policy_kwargs={"tail_knee": 0.1, "tail_window": 4},
-                          ttft_target_s=100.0, admission=AdmissionConfig(ttft_deadline_s={0: 0.35, 10: 100.0}))
+                          admission=AdmissionConfig(ttft_deadline_s={0: 0.35, 10: 100.0}, ttft_target_s=100.0))
     loads = server.runtime.router.loads.loads
     wait_for(lambda: len(loads) == 2 and all(load.prefill_tokens_per_s for load in loads.values()),
              what="both replicas' prefill rates")

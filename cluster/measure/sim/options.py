@@ -138,7 +138,7 @@ class SimCommandConfig:
 
 SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "scheduling_policy", "kv_cache_dtype")
 """What a simulated replica reads of its engine section."""
-SIM_ROUTER_FIELDS = ("predict_ttl_s", "predict_hold_s", "ttft_target_s", "sessions", "transfers", "admission")
+SIM_ROUTER_FIELDS = ("predict_ttl_s", "predict_hold_s", "sessions", "transfers", "admission")
 """What the simulated router reads of its section (besides the policy, compared, and the engine's block size):
 of ``sessions`` its ``ttl_s``, of ``transfers`` all but what ``_unread_sections`` hides."""
 

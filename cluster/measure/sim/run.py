@@ -59,12 +59,13 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     (e.g. ``{" 1 router": {"num_routers": 1}, " 4 routers": {"num_routers": 4}}``); the report
     names each run ``policy + suffix``. Default: one run per policy with ``config`` as given. With ``ttft_slo_s``
     each run reports its ``ttft_slo``: the share of requests whose TTFT met it; it is the routers' TTFT target
-    unless ``config.router.ttft_target_s`` names one.
+    unless ``config.router.admission.ttft_target_s`` names one.
     """
     from tqdm import tqdm
 
-    if ttft_slo_s is not None and config.router.ttft_target_s is None:  # the routers steer to the workload's target
-        config = replace(config, router=replace(config.router, ttft_target_s=ttft_slo_s))
+    if ttft_slo_s is not None and config.router.admission.ttft_target_s is None:  # steer to the workload's target
+        config = replace(config, router=replace(config.router, admission=replace(config.router.admission,
+                                                                                 ttft_target_s=ttft_slo_s)))
     tokens = BlockTokenCache(config.engine.block_size, config.vocab_size, config.seed)
     per_replica = blocks_per_replica(config, records)
     total_blocks = per_replica * config.total_replicas
