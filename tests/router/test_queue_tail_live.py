@@ -1,7 +1,7 @@
 """The router learns the queue's tail (``cache_aware_tokens``' ``tail_knee``) from the streams it answers, each against
 its priority class's TTFT deadline (``admission.ttft_deadline_s``, set by the operator) or the router's
-``admission.ttft_target_s``; a deadline the client writes in ``x-kvmesh-ttft-deadline-ms`` is not a target (a tenant could
-otherwise lift the load weight for everyone by asking for a tiny one)."""
+``admission.ttft_target_s``; a deadline the client writes in ``x-kvmesh-ttft-deadline-ms`` is not a target (a tenant
+could otherwise lift the load weight for everyone by asking for a tiny one)."""
 
 from __future__ import annotations
 

@@ -82,9 +82,9 @@ class CacheAwareTokensConfig(PolicyConfig):
     tail_knee: float | None = None
     """The load weight learned from the queue's tail (router/routing/queue_tail.py): queued prefill weighs
     ``backlog_weight`` while the recent requests' waits (their TTFT less their own prefill, the ``tail_quantile``)
-    stay under this share of their TTFT target (a priority class's deadline, else ``admission.ttft_target_s``), and rises
-    to ``tail_weight`` as they reach the target. None (the default): ``backlog_weight`` throughout (the simulator's
-    verdict: docs/benchmarks/routing-against-peers.md)."""
+    stay under this share of their TTFT target (a priority class's deadline, else ``admission.ttft_target_s``), and
+    rises to ``tail_weight`` as they reach the target. None (the default): ``backlog_weight`` throughout (the
+    simulator's verdict: docs/benchmarks/routing-against-peers.md)."""
     tail_quantile: float = 0.9
     """With ``tail_knee``: which quantile of the recent waits over their targets is the tail."""
     tail_window: int = 256
