@@ -1,9 +1,12 @@
 """What the router's ``/metrics`` reads of its state at each scrape (router/http/metrics.py's ``_StateCollector``):
-the index, each replica's health, load and degraded causes, the event and load feeds, the sync stream."""
+the index, each replica's health, load and degraded causes, the event and load feeds, the sync stream, the default
+policy's queue tail."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from kvmesh.router.routing.policies.cache_aware_tokens_cost import TokensCost
 
 if TYPE_CHECKING:
     from kvmesh.router.control.event_feed import EventFeed
@@ -33,6 +36,6 @@ def metrics_state(r: KVRouter, feed: EventFeed, feed_state: dict, sync: RouterSy
     out["feed"] = feed_state
     out["load_feed"] = feed.loads.counters() if feed.loads is not None else {}
     out["sync"] = sync.counters() if sync is not None else None
-    tail = getattr(r.policy, "tail", None)  # cache_aware_tokens' queue tail (tail_knee), where on
+    tail = r.policy.tail if isinstance(r.policy, TokensCost) else None  # cache_aware_tokens' tail_knee, where on
     out["queue_tail"] = None if tail is None else {"tail": tail.tail, "lift": tail.lift}
     return out

@@ -7,7 +7,7 @@ health, subscriber counters, event lag) are read at scrape time by a custom coll
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors
 from kvmesh.replica.serving.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
@@ -162,6 +162,16 @@ def _sync_family(sync: dict) -> CounterMetricFamily:
     return family
 
 
+def _queue_tail_families(tail: dict | None) -> Iterator[GaugeMetricFamily]:
+    """The queue's tail and its lift, where ``cache_aware_tokens``' ``tail_knee`` is on (routing/queue_tail.py)."""
+    if tail is None:
+        return
+    yield GaugeMetricFamily("kvmesh_router_queue_tail", "This router's recent requests' waits over their TTFT "
+                            "targets, at tail_quantile (cache_aware_tokens' tail_knee)", value=tail["tail"])
+    yield GaugeMetricFamily("kvmesh_router_queue_tail_lift", "How far the queue's tail lifts the weight of queued "
+                            "prefill from backlog_weight towards tail_weight (0 to 1)", value=tail["lift"])
+
+
 class _StateCollector:
     """Reads the router's current state at scrape time (see ``RouterRuntime.metrics_state``)."""
 
@@ -189,14 +199,7 @@ class _StateCollector:
         sync = state.get("sync")
         if sync is not None:  # router/control/router_sync.py
             yield _sync_family(sync)
-        tail = state.get("queue_tail")
-        if tail is not None:  # router/routing/queue_tail.py
-            yield GaugeMetricFamily("kvmesh_router_queue_tail", "This router's recent requests' waits over their "
-                                    "TTFT targets, at tail_quantile (cache_aware_tokens' tail_knee)",
-                                    value=tail["tail"])
-            yield GaugeMetricFamily("kvmesh_router_queue_tail_lift", "How far the queue's tail lifts the weight of "
-                                    "queued prefill from backlog_weight towards tail_weight (0 to 1)",
-                                    value=tail["lift"])
+        yield from _queue_tail_families(state.get("queue_tail"))
         lag = GaugeMetricFamily("kvmesh_router_event_lag_last_seconds", "Lag of the last applied batch",
                                 labels=["replica"])
         for rid, value in state["event_lag"].items():
