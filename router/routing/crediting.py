@@ -70,7 +70,8 @@ class Crediting:
         receipt, estimate = decision.receipt, decision.estimate
         if receipt is not None:
             receipt.actual_ttft_s = actual_s
+        if estimate is None:  # not priced: nothing to learn
+            return
         with self.lock:  # a replica gone meanwhile learns on its dropped record, harmlessly
             self.policy.observe_ttft(estimate, actual_s, self.ttft_target_s if target_s is None else target_s)
-            if estimate is not None:
-                observe_ttft(decision.replica.load, estimate.raw_s, actual_s)
+            observe_ttft(decision.replica.load, estimate.raw_s, actual_s)

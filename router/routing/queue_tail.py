@@ -29,9 +29,10 @@ from collections import deque
 from kvmesh.router.routing.cost.estimate import TTFTEstimate
 
 
-def own_work_s(estimate: TTFTEstimate) -> float:
-    """The seconds of a request's estimate that were its own work, not a wait behind others."""
-    return estimate.prefill_s + estimate.load_back_s + estimate.pull_s + estimate.adapter_s
+def lifted(base: float, top: float, lift: float) -> float:
+    """The load weight on queued prefill tokens: ``base`` (the policy's ``backlog_weight``) lifted towards ``top``
+    (``tail_weight``) as far as ``lift`` says (the numpy walk calls it too)."""
+    return base + (top - base) * lift if lift and top > base else base
 
 
 class QueueTail:
@@ -62,7 +63,7 @@ class QueueTail:
         was ``target_s``. Unpriced requests (no estimate, or unit rates) and bad values teach nothing."""
         if estimate is None or not estimate.priced or not target_s > 0 or not math.isfinite(actual_s):
             return
-        wait = actual_s - own_work_s(estimate)
+        wait = actual_s - estimate.own_s
         self.ratios.append(wait / target_s if wait > 0 else 0.0)
         self._since += 1
         if self._since >= self._every or len(self.ratios) < self._every:
@@ -79,4 +80,4 @@ class QueueTail:
     def weight(self, base: float, top: float) -> float:
         """The load weight on queued prefill tokens, from the policy's ``base`` (its ``backlog_weight``) towards
         ``top`` (``tail_weight``) as far as the tail lifts it."""
-        return base + (top - base) * self.lift if top > base else base
+        return lifted(base, top, self.lift)

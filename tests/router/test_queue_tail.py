@@ -82,6 +82,8 @@ def test_unpriced_and_absurd_observations_teach_nothing_and_a_flood_stays_bounde
         QueueTail(knee=1.0)
     with pytest.raises(ValueError, match="tail_knee must be in"):
         CacheAwareTokensConfig(tail_knee=-0.1)
+    with pytest.raises(ValueError, match="tail_weight"):
+        CacheAwareTokensConfig(tail_knee=0.1, tail_weight=math.inf)
     with pytest.raises(ValueError, match="tail_overload"):
         CacheAwareTokensConfig(tail_knee=0.1, tail_overload=1.0)
 

@@ -63,6 +63,12 @@ class TTFTEstimate:
         return self.raw_s if self.corrected_s is None else self.corrected_s
 
     @property
+    def own_s(self) -> float:
+        """The part of ``raw_s`` that is its own work (prefill, load-back, pull, adapter load): what ``wait_s``
+        leaves out, before the correction."""
+        return self.prefill_s + self.load_back_s + self.pull_s + self.adapter_s
+
+    @property
     def wait_s(self) -> float:
         """The part of ``ttft_s`` spent waiting for the work already there (queue and interleaved decodes), not on
         its own (prefill, load-back, pull, adapter load); corrected in proportion. Router admission gates on it: a

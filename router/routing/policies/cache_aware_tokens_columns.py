@@ -9,6 +9,7 @@ import math
 import numpy as np
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.policies.cache_aware_tokens_config import CacheAwareTokensConfig
+from kvmesh.router.routing.queue_tail import lifted
 from kvmesh.router.routing.tier_matches import Matches
 
 
@@ -42,8 +43,7 @@ def cheapest_rows(c: CacheAwareTokensConfig, block_size: int, prompt: int, match
     fill, wb = c.filling_backlog_weight, c.backlog_weight
     if fill is not None and fill != wb:
         wb += (fill - wb) * (1 - sum(evicting.tolist()) / len(rows))
-    if lift and c.tail_weight > wb:  # QueueTail.weight
-        wb += (c.tail_weight - wb) * lift
+    wb = lifted(wb, c.tail_weight, lift)
     cost = cost + (wb * backlog + c.decode_weight * steps * decode)
     release = c.backlog_release_tokens
     if release < math.inf:

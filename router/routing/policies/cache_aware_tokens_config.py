@@ -129,6 +129,8 @@ class CacheAwareTokensConfig(PolicyConfig):
             raise ValueError(f"tail_knee must be in [0, 1) or unset, got {self.tail_knee}")
         if not 0 < self.tail_quantile <= 1:
             raise ValueError(f"tail_quantile must be in (0, 1], got {self.tail_quantile}")
+        if not 0 <= self.tail_weight < math.inf:
+            raise ValueError(f"tail_weight must be finite and >= 0, got {self.tail_weight}")
         if not self.tail_overload > 1:
             raise ValueError(f"tail_overload must be > 1, got {self.tail_overload}")
         if not self.tail_window >= 1:
