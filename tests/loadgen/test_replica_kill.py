@@ -30,3 +30,30 @@ def test_the_leak_check_finds_exception_text():
     assert LEAK.search("unable to perform operation on <TCPTransport closed=True reading=False 0x55ff2c687c80>")
     assert not LEAK.search('{"error": {"message": "internal router error (request id 3f2a9c1b00de); its log '
                            'has the details", "type": "internal_server_error"}}')
+
+
+def test_a_replica_whose_port_was_taken_before_it_bound_starts_again_on_fresh_ports(stories_path, monkeypatch):
+    """Ports are picked free, then bound by the replica's process: another process can take one in between (under a
+    loaded test run, a connection's local port did), and the replica exits at start. It is started again elsewhere."""
+    import socket
+
+    from kvmesh.cluster.measure.benchmarks import replica_kill
+    from kvmesh.cluster.measure.benchmarks.startup import _free_port
+    from kvmesh.cluster.measure.benchmarks.support.json_http import call
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(replica_kill, "_free_port", lambda: next(picks, None) or _free_port())
+    replica = replica_kill.ReplicaProcess(str(stories_path), "taken")
+    try:
+        replica.start()
+        first = replica.proc
+        replica.listening(120.0)
+        assert first.returncode not in (None, 0) and replica.proc is not first  # the first one could not bind
+        assert replica.ports[0] != taken.getsockname()[1]
+        assert call("GET", f"http://127.0.0.1:{replica.ports[0]}/health", timeout=5.0).status == 200
+    finally:
+        replica.kill()
+        taken.close()

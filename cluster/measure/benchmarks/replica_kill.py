@@ -74,6 +74,27 @@ class ReplicaProcess:
                                       "--max-num-seqs", "32", *(["--kv-transfer"] if self.role != "both" else [])],
                                      stdout=subprocess.DEVNULL, stderr=_log(self.name))
 
+    def listening(self, timeout_s: float, attempts: int = 3) -> None:
+        """Wait until its HTTP port answers (started already). Its ports are picked free and bound later by the
+        process: one taken meanwhile (another listener, or a connection's local port) makes it exit at start; it is
+        then started again on fresh ports, before any router knows them."""
+        for attempt in range(1, attempts + 1):
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    if call("GET", f"http://127.0.0.1:{self.ports[0]}/health", timeout=5.0).status == 200:
+                        return
+                except OSError:
+                    pass
+                time.sleep(0.2)
+            if self.proc.poll() is None:
+                raise RuntimeError(f"replica {self.name} did not answer /health within {timeout_s:.0f}s")
+            if attempt < attempts:
+                self.ports = (_free_port(), _free_port(), _free_port())
+                self.start()
+        raise RuntimeError(f"replica {self.name} exited at start {attempts} times ({self.proc.returncode}); see its "
+                           f"log in {tempfile.gettempdir()}/kvmesh-replica-kill-{self.name}-*.log")
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -200,6 +221,25 @@ def trial(index: int, url: str, replicas: list[ReplicaProcess], args) -> dict:
     return out
 
 
+def start_router(args, replicas: list[ReplicaProcess]) -> tuple[subprocess.Popen, str]:
+    """The router in front of ``replicas``, once it has them all healthy, and its URL. Its port, too, is picked free
+    and bound later: a router that exits at start is started again on a fresh one."""
+    for attempt in (1, 2, 3):
+        url = f"http://127.0.0.1:{_free_port()}"
+        argv = [*shlex.split(args.router_cmd), "--port", url.rsplit(":", 1)[1], "--model", args.model,
+                "--log-level", "error", *(a for r in replicas for a in ("--replica", r.spec))]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_ROUTER_")}
+        router = subprocess.Popen(argv, env={**env, "KVMESH_ADMIN_KEY": ADMIN_KEY}, stderr=_log("router"))
+        try:
+            wait_all_healthy(url, [router, *(r.proc for r in replicas)], len(replicas), args.restart_timeout)
+            return router, url
+        except RuntimeError:
+            if router.poll() is None or attempt == 3:
+                router.terminate()
+                raise
+    raise AssertionError("unreachable")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kvmesh bench replica-kill", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,20 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"model directory {args.model} not found (needs ../shared beside the checkout)")
     roles = args.roles.split(",") if args.roles else ["both"] * args.replicas
     replicas = [ReplicaProcess(args.model, f"r{i}", role) for i, role in enumerate(roles)]
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     router = None
     trials: list[dict] = []
     try:
         for r in replicas:
             r.start()
-        argv_router = [*shlex.split(args.router_cmd), "--port", str(port), "--model", args.model, "--log-level",
-                       "error"]
-        router = subprocess.Popen(argv_router + [a for r in replicas for a in ("--replica", r.spec)],
-                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("KVMESH_ROUTER_")},
-                                       "KVMESH_ADMIN_KEY": ADMIN_KEY},
-                                  stderr=_log("router"))
-        wait_all_healthy(url, [router, *(r.proc for r in replicas)], len(replicas), args.restart_timeout)
+        for r in replicas:
+            r.listening(args.restart_timeout)
+        router, url = start_router(args, replicas)
         for i in range(1, args.trials + 1):
             trials.append(trial(i, url, replicas, args))
     finally:
