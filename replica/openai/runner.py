@@ -199,6 +199,8 @@ class HTTPServer:
                 loop.run_until_complete(self.start(timeout_s))
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 error.append(e)
+                if self._task is not None and self._task.done() and not self._task.cancelled():
+                    self._task.exception()  # retrieved: asyncio prints none at exit
                 started.set()
                 return
             started.set()
@@ -210,6 +212,10 @@ class HTTPServer:
         self._thread = threading.Thread(target=run, name=self.name, daemon=True)
         self._thread.start()
         if not started.wait(timeout_s + 5) or error:
+            if error and isinstance(error[0], SystemExit):  # uvicorn's startup failure, logged above it (a port
+                # taken since the config's check, a privileged one): an address error its caller names in one line
+                raise OSError(f"the HTTP server could not listen on {self.host}:{self._config.port} (uvicorn's "
+                              "error above says why)")
             raise RuntimeError(f"HTTP server did not start: {error[0] if error else 'timeout'}")
         return self.url
 

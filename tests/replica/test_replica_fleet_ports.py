@@ -45,3 +45,26 @@ def test_one_process_serves_every_replica_of_the_fleet(stories_path):
     finally:
         for r in runtimes:
             r.shutdown(graceful_s=0)
+
+
+
+def test_a_port_taken_between_its_check_and_its_bind_is_an_address_error_the_command_names():
+    """``kvmesh replica`` checks its ports free when it reads its config; another process can take one while the model
+    loads. uvicorn then exits its serving task (SystemExit): the server says which address, as an ``OSError`` the
+    command prints in one line (``kvmesh replica: cannot start: ...``), not a traceback."""
+    import socket
+
+    from kvmesh.replica.openai.runner import HTTPServer
+
+    async def app(scope, receive, send):  # never called
+        raise AssertionError(scope)
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=f"could not listen on 127.0.0.1:{port}"):
+            HTTPServer(app, port=port).start_in_thread(timeout_s=10)
+    finally:
+        taken.close()
