@@ -30,4 +30,13 @@ def sooner_while_idle(router: KVRouter, request: ProxyRequest, held: RouteDecisi
     if held.predicted_ttft_s is not None and (spare.predicted_ttft_s is None
                                               or held.predicted_ttft_s <= spare.predicted_ttft_s):
         return held
+    offered(spare, held)
     return spare
+
+
+def offered(spare: RouteDecision, held: RouteDecision) -> None:
+    """``spare``'s receipt names the best hit of the whole pool (``held``'s candidates), not of the idle replicas
+    alone: a prefix its busy holder offered was passed over for a sooner start, never unknown."""
+    ours, theirs = spare.receipt, held.receipt
+    if ours is not None and theirs is not None and theirs.best_hit_tokens > ours.best_hit_tokens:
+        ours.best_hit_tokens, ours.best_replica_id = theirs.best_hit_tokens, theirs.best_replica_id

@@ -88,6 +88,9 @@ def test_a_request_sooner_on_the_idle_replica_goes_there(router_of, fakes):
     assert fleet.waiting() == 0
     first, second = fleet.answered()
     assert first != second
+    # Its receipt tells a choice of the cost, not a prefix known nowhere: the busy holder offered the most.
+    receipt = next(a.headers for a in fleet.answers if a.headers["x-kvmesh-replica"] == idle.name)
+    assert int(receipt["x-kvmesh-predicted-hit-tokens"]) == 0 < int(receipt["x-kvmesh-best-hit-tokens"])
 
 
 def test_a_request_sooner_behind_its_holder_goes_into_its_queue_and_none_waits_in_the_router(router_of, fakes):
