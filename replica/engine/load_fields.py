@@ -15,6 +15,7 @@ from kvmesh.replica.serving.load_report import LoadReport, LoRALoad
 
 if TYPE_CHECKING:
     from kvmesh.replica.engine.llm_engine import LLMEngine
+    from kvmesh.replica.engine.scheduler import Scheduler
 
 T = TypeVar("T")
 
@@ -27,6 +28,20 @@ def read_racily(read: Callable[[], list[T]]) -> list[T]:
         except RuntimeError:
             continue
     return []
+
+
+def queue_counts(sched: Scheduler, joining: int, max_num_seqs: int) -> tuple[int, int]:
+    """Running and waiting requests as a router reads them (racily, off the engine thread). A request no step has
+    tried yet -- in ``waiting`` since the last ``schedule``, or accepted and not taken in by the engine thread
+    (``joining``) -- counts as running when the next step starts it (nothing was left waiting and a running slot is
+    free), else as waiting. A router reads waiting requests beside running ones as every slot taken
+    (router/admission/room.py): a request caught between its arrival and the next step, on a busy host, taught
+    admission that the replica runs one request at a time."""
+    running, waiting = len(sched.running), len(sched.waiting)
+    left = min(sched.left_waiting, waiting)
+    untried = waiting - left + joining
+    starts = 0 if left else min(untried, max(0, max_num_seqs - running))
+    return running + starts, left + untried - starts
 
 
 def event_stream_report(publisher: EventPublisher | None) -> dict[str, int | float]:
@@ -52,8 +67,9 @@ def load_report(engine: LLMEngine) -> LoadReport:
     sched = engine.scheduler
     requests = read_racily(lambda: list(sched.requests.values()))
     waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
+    running, waiting = queue_counts(sched, 0, engine.config.max_num_seqs)
     return LoadReport(
-        num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
+        num_requests_running=running, num_requests_waiting=waiting,
         kv_cache_usage=float(engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
         num_kv_blocks=engine.num_kv_blocks, block_size=engine.config.block_size,
         max_num_seqs=engine.config.max_num_seqs, scheduling_policy=engine.config.scheduling_policy,

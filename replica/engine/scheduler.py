@@ -62,6 +62,9 @@ class Scheduler:
         """Requests in WAITING_FOR_REMOTE_KVS whose load ended (``get_finished``): they run at their turn."""
         self.waits_only_for_remote = False
         """The last ``schedule`` found nothing to run but requests waiting for KV from other replicas."""
+        self.left_waiting = 0
+        """Requests the last ``schedule`` left waiting (no slot, token budget, KV, grammar or adapter slot for them);
+        the rest of ``waiting`` came since and no step has tried them yet (engine/load_fields.py: ``queue_counts``)."""
         self.drafter: Drafter | None = None
         """Speculative decoding's drafts (set by the engine with ``speculative_config``; None: one token per step)."""
 
@@ -174,6 +177,7 @@ class Scheduler:
             offload_copies=self.kv_cache_manager.take_offload_copies(),
         )
         self.finished_request_ids = set()
+        self.left_waiting = len(self.waiting)
         return out
 
     def _decode_at_block_edge(self, request: Request, decode_ids: list[str],

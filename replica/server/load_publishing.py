@@ -10,12 +10,13 @@ An accepted request is published without waiting out the interval: the routers t
 their next choice (a burst reaches several routers within a network hop). So is a request that leaves: a conversation's
 next turn, sent through another router as soon as the answer is read, would otherwise find its replica still published
 busy with the turn before and go elsewhere. The interval caps the updates that engine steps cause. The load is read
-racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py). A request accepted that the engine
-thread has not taken in yet counts as running when the engine's next step will start it (nothing waits in its scheduler
-and a running slot is free), else as waiting: a router reads waiting requests beside running ones as every slot taken
-(router/admission/room.py), and a request joining an engine with free slots made admission send one request at a
-time. A request the engine has not started computing counts its prompt less the prefix its router expected cached (the
-booking's uncached tokens, replica/openai/router_booking.py): without a booking, its whole prompt.
+racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py ``queue_counts``). A request
+accepted that the engine thread has not taken in yet, or taken in and not yet tried by a step, counts as running when
+the engine's next step will start it (its last step left nothing waiting and a running slot is free), else as
+waiting: a router reads waiting requests beside running ones as every slot taken (router/admission/room.py), and a
+request joining an engine with free slots made admission send one request at a time. A request the engine has not
+started computing counts its prompt less the prefix its router expected cached (the booking's uncached tokens,
+replica/openai/router_booking.py): without a booking, its whole prompt.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kvmesh.events.publish.load_ledger import LoadLedger
-from kvmesh.replica.engine.load_fields import read_racily
+from kvmesh.replica.engine.load_fields import queue_counts, read_racily
 
 if TYPE_CHECKING:
     from kvmesh.events.load import ReplicaLoadUpdate
@@ -42,13 +43,6 @@ FORGET_S = 1.0
 """Seconds after its accept a request not in the engine is forgotten (the engine took it in and it left, or it
 never joined)."""
 _NONE = (0, 0, 0.0, True)
-
-
-def _joined(running: int, waiting: int, joining: int, max_num_seqs: int) -> tuple[int, int]:
-    """Running and waiting requests with the ``joining`` ones the engine thread has not taken in: those its next step
-    starts (none while requests wait in its scheduler; at most the free running slots) as running, the rest waiting."""
-    starts = 0 if waiting else min(joining, max(0, max_num_seqs - running))
-    return running + starts, waiting + joining - starts
 
 
 class LoadPublishing:
@@ -119,7 +113,7 @@ class LoadPublishing:
             queued = joining_tokens + sum(
                 max(0, r.num_prompt_tokens - max(r.num_computed_tokens, cached.get(r.request_id, _NONE)[0]))
                 for r in requests)
-            running, waiting = _joined(len(sched.running), len(sched.waiting), joining, engine.config.max_num_seqs)
+            running, waiting = queue_counts(sched, joining, engine.config.max_num_seqs)
             key = (running, waiting, queued, tuple(self.ledger.accepted.items()))
             if key == self._last and not force:
                 return None

@@ -11,7 +11,7 @@ from kvmesh.replica.server.load_publishing import LoadPublishing
 
 def _engine(requests: list[SimpleNamespace], running: int, max_num_seqs: int = 8) -> SimpleNamespace:
     sched = SimpleNamespace(requests={r.request_id: r for r in requests}, running=requests[:running],
-                            waiting=requests[running:])
+                            waiting=requests[running:], left_waiting=len(requests) - running)  # each tried by a step
     steps = SimpleNamespace(coefficients=lambda: (0.01, 0.0, 0.0), num_steps=7)
     return SimpleNamespace(scheduler=sched, config=SimpleNamespace(max_num_seqs=max_num_seqs),
                            kv_cache_manager=SimpleNamespace(usage=0.5),
