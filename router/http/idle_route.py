@@ -1,7 +1,9 @@
 """Where a request the admission gate would hold for its busy replica goes while another replica is idle
 (``admission.hold_while_idle`` off; router/http/admission_gate.py): the fleet has room, so it waits in no queue of the
 router's. It goes where its predicted time to first token is sooner: into its busy replica's queue, or to the idle
-replica its policy prefers among the idle ones. Held, it would wait until room is seen, hidden from the prefix index."""
+replica its policy prefers among the idle ones. Held, it would wait until room is seen, hidden from the prefix index.
+Sent to the idle replica, its route receipt keeps the best hit of the whole pool (``offered``): the prefix its busy
+holder had was passed over for a sooner start, which the receipt and the live ceiling tell from one held nowhere."""
 
 from __future__ import annotations
 
