@@ -37,16 +37,16 @@ def test_a_replica_whose_port_was_taken_before_it_bound_starts_again_on_fresh_po
     loaded test run, a connection's local port did), and the replica exits at start. It is started again elsewhere."""
     import socket
 
-    from kvmesh.cluster.measure.benchmarks import replica_kill
     from kvmesh.cluster.measure.benchmarks.startup import _free_port
+    from kvmesh.cluster.measure.benchmarks.support import kill_fleet
     from kvmesh.cluster.measure.benchmarks.support.json_http import call
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     picks = iter([taken.getsockname()[1]])
-    monkeypatch.setattr(replica_kill, "_free_port", lambda: next(picks, None) or _free_port())
-    replica = replica_kill.ReplicaProcess(str(stories_path), "taken")
+    monkeypatch.setattr(kill_fleet, "_free_port", lambda: next(picks, None) or _free_port())
+    replica = kill_fleet.ReplicaProcess(str(stories_path), "taken")
     try:
         replica.start()
         first = replica.proc
