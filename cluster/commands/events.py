@@ -133,7 +133,7 @@ def run(args) -> int:
         print(f"kvmesh events tail: {e} (e.g. --endpoint tcp://127.0.0.1:5557)", file=sys.stderr)
         return 2
     try:
-        done.wait(args.duration) if args.duration is not None else _wait_forever(done)
+        _wait(done, args.duration)
     except KeyboardInterrupt:
         pass
     finally:
@@ -146,6 +146,10 @@ def run(args) -> int:
     return 0
 
 
-def _wait_forever(done: threading.Event) -> None:
+def _wait(done: threading.Event, duration: float | None) -> None:
+    """Until ``done`` is set, or ``duration`` seconds passed (None: no end)."""
+    if duration is not None:
+        done.wait(duration)
+        return
     while not done.wait(0.5):  # short waits keep Ctrl-C responsive
         pass

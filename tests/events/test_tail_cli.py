@@ -1,10 +1,12 @@
 """`kvmesh events tail` prints the stream for people and as JSON lines for tools."""
 
 import json
+import time
 
 import pytest
 from events_testkit import make_publisher, stored
 from kvmesh.cluster.cli import main
+from kvmesh.cluster.commands import events as events_command
 from kvmesh.events.schema import BlockRemoved
 
 
@@ -51,18 +53,31 @@ def test_tail_of_a_private_stream_says_why_nothing_arrives(capsys):
     assert "batches=0" in err and "private by default" in err and "--no-private-events" in err
 
 
-def test_tail_of_a_private_stream_blames_the_key_first_and_counts_no_bad_frame(capsys):
+def test_tail_of_a_private_stream_blames_the_key_first_and_counts_no_bad_frame(capsys, monkeypatch):
     import zmq
     from kvmesh.events import curve
 
     if not zmq.has("curve"):
         pytest.skip("libzmq without CURVE")
     _, secret = curve.generate_keypair()
+    err = []
+
+    def until_refused(done, duration):
+        """The tail's wait, ended once it printed its refusal: a loaded machine gets up to 30 s, an idle one needs
+        well under one."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("refused" in e for e in err):
+            done.wait(0.1)
+            err.append(capsys.readouterr().err)
+        time.sleep(1)  # a refused handshake is retried every 0.3 s meanwhile: none may count as a reconnection
+
+    monkeypatch.setattr(events_command, "_wait", until_refused)
     with make_publisher(curve_secret_key=secret) as pub:
         pub.publish([stored(5, 4)])
         assert main(["events", "tail", "--endpoint", pub.endpoint, "--replay-endpoint", pub.replay_endpoint,
-                     "--duration", "5"]) == 0  # a refused handshake is retried every 0.3 s meanwhile
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("#")]
+                     "--duration", "5"]) == 0
+    err.append(capsys.readouterr().err)
+    lines = [line for line in "".join(err).splitlines() if line.startswith("#")]
     assert "refused our handshake: its stream is private (CURVE)" in lines[0], lines
     assert "--no-private-events" in lines[0], lines
     totals = dict(item.split("=") for item in lines[-1][2:].split())
