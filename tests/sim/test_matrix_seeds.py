@@ -49,14 +49,14 @@ def test_the_table_lists_a_failing_cell_with_its_intervals_and_counts_every_verd
     assert lines[3] == "| chatbot/2x/none | 4 (0 min) | pass | - | 1/1 |"
     assert lines[4].startswith("| tool_agent/2x/none | 4 (0 min) | undecided | dynamo TTFT mean +0.6% [")
     assert lines[4].endswith("(undecided) | 0/1 |")
-    assert lines[-1] == ("1 cells pass, 1 fail, 1 undecided (of 3 with their seeds); 69 of the matrix's 72 cells "
+    assert lines[-1] == ("1 pass, 1 fail, 1 undecided (of 3 cells with their seeds); 69 of the matrix's 72 cells "
                          "have no verdict yet (0 of them running).")
-    assert table(data, 3).splitlines()[-1] == ("1 cells pass, 1 fail, 1 undecided (of 3 with their seeds); every cell "
+    assert table(data, 3).splitlines()[-1] == ("1 pass, 1 fail, 1 undecided (of 3 cells with their seeds); every cell "
                                                 "of the matrix has run its seeds.")
     data |= {"min_seeds": 10, "cells": {"chatbot/2x/none": _cell([1.2] * 4)}}
     lines = table(data, 72).splitlines()
     assert lines[2] == "| chatbot/2x/none | 4 (0 min) | pass so far (4 of 10 seeds) | - | 1/1 |"
-    assert lines[-1].startswith("0 cells pass, 0 fail, 0 undecided (of 0 with their seeds); 72 of the matrix's 72 "
+    assert lines[-1].startswith("0 pass, 0 fail, 0 undecided (of 0 cells with their seeds); 72 of the matrix's 72 "
                                 "cells have no verdict yet (1 of them running).")
 
 
@@ -186,7 +186,7 @@ def test_a_cell_without_a_rival_the_others_compare_says_so_and_is_counted_apart(
     lines = table(data, 2).splitlines()
     assert lines[2].startswith("| a/2x/none | 4 (0 min) | fail | **sglang TTFT mean")
     assert lines[3] == "| a/3x/none | 4 (0 min) | pass (without sglang) | - | 1/1 |"
-    assert lines[-1] == ("0 cells pass, 1 fail, 0 undecided (of 1 with their seeds and every peer's formula); without "
+    assert lines[-1] == ("0 pass, 1 fail, 0 undecided (of 1 cell with their seeds and every peer's formula); without "
                          "sglang, whose formulas are not yet run again on them: 1 pass, 0 fail, 0 undecided (of 1); "
                          "every cell of the matrix has run its seeds.")
 
@@ -236,7 +236,7 @@ def test_a_variant_runs_the_default_with_its_knob_on_the_stored_seeds_beside_the
     assert len(ran) == 4  # finished: nothing run again
     lines = table(data, 72).splitlines()
     assert lines[2].startswith("| chatbot/2x/none | 3 (0 min) | fail | **dynamo TTFT mean")
-    assert lines[-1] == (f"0 cells pass, 1 fail, 0 undecided (of 1 with their seeds); the default with churn_clamp=4, "
+    assert lines[-1] == (f"0 pass, 1 fail, 0 undecided (of 1 cell with their seeds); the default with churn_clamp=4, "
                          f"on the seeds of {source}.")
 
 
