@@ -142,7 +142,8 @@ def table(data: dict, matrix_size: int) -> str:
             "them running)." if run + apart < matrix_size else "every cell of the matrix has run its seeds.")
     if "variant_of" in data:  # variant_matrix: a knob's cells, not the matrix
         left = f"the default with {variant_words(data)}, on the seeds of {data['variant_of']}."
-    line = f"{counts[PASS]} pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided (of {run} cell{'s' * (run != 1)} with their seeds"
+    cells_run = f"{run} cell" + "s" * (run != 1)
+    line = f"{counts[PASS]} pass, {counts[FAIL]} fail, {counts[UNDECIDED]} undecided (of {cells_run} with their seeds"
     if apart:
         names = ", ".join(p for p in compared if p in lacking)
         line += (f" and every peer's formula); without {names}, whose formulas are not yet run again on them: "
